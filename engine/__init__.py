@@ -1,0 +1,1 @@
+"""The speculative-decoding engine under evaluation: models, caches, drafters, decoding."""

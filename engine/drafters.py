@@ -1,0 +1,330 @@
+"""Drafters. Each proposes a `Lattice` for the positions after the newest token (the one not yet in
+the target's cache):
+
+- `sequential`   EAGLE-3-like head: fused target features + token embedding, one token per step.
+- `block`        DFlash-like: all positions in one pass; mask rows attend to the context rows and,
+                 bidirectionally, to each other.
+- `block_markov` DSpark-like: `block` plus a Markov head giving score(child | parent).
+- `ngram`        prompt lookup, no weights.
+- `draft_lm`     a standalone small LM (any target-format checkpoint), greedy, one token per step.
+
+Feature drafters keep one *context row* per committed target position t: the target's features at
+t together with the embedding of the token at t+1. Their checkpoints are folders with config.json
+(`"architectures": ["SpecPilotDrafter"]`) and model.safetensors, like a target's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .cache import Cache
+from .checkpoint import CheckpointError, load_into, load_model, read_config, read_tensors, write_checkpoint
+from .config import ModelConfig
+from .model import Block, Model, RMSNorm, rope_tables, run_layers
+
+TOP_K = 16
+DRAFTER_ARCH = "SpecPilotDrafter"
+FEATURE_KINDS = ("sequential", "block", "block_markov")
+
+
+@dataclass
+class Lattice:
+    """Candidates for m drafted positions: tokens[i] are the top-k tokens at position i+1 after the
+    newest token, logp their drafter log-probabilities (-inf / token -1 where fewer exist).
+    trans[i, a, b] = log p(tokens[i+1, b] | tokens[i, a]) where the drafter conditions on parents."""
+
+    tokens: torch.Tensor  # [m, k] long
+    logp: torch.Tensor  # [m, k] float
+    trans: torch.Tensor | None = None  # [m-1, k, k]
+
+    @property
+    def positions(self) -> int:
+        return self.tokens.shape[0]
+
+    def chain(self) -> list[int]:
+        """Stock chain: the top-1 token of each position, up to the first position without one."""
+        out = []
+        for t in self.tokens[:, 0].tolist():
+            if t < 0:
+                break
+            out.append(t)
+        return out
+
+    @staticmethod
+    def from_logits(logits: torch.Tensor, k: int = TOP_K) -> Lattice:
+        """Top-k of each row of [m, V] logits."""
+        logp = F.log_softmax(logits.double(), dim=-1)
+        v, i = logp.topk(min(k, logits.shape[-1]), dim=-1)
+        return Lattice(i, v)
+
+
+@dataclass
+class DraftConfig:
+    kind: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    target_hidden_size: int
+    target_layers: list[int]
+    block_size: int = 16  # drafted positions per pass (block kinds) or steps (sequential)
+    markov_rank: int = 32
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 4096
+    extra: dict = field(default_factory=dict)  # training record etc., kept verbatim
+
+    def body(self) -> ModelConfig:
+        """The drafter's decoder layers are Llama layers of this shape."""
+        return ModelConfig(
+            family="llama", vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size, num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim, layer_types=["full_attention"] * self.num_hidden_layers,
+            rms_norm_eps=self.rms_norm_eps, rope_theta=self.rope_theta,
+            max_position_embeddings=self.max_position_embeddings)
+
+    def to_hf(self) -> dict:
+        d = asdict(self)
+        extra = d.pop("extra")
+        return {"architectures": [DRAFTER_ARCH], "drafter_kind": d.pop("kind"), **d, **extra}
+
+    @classmethod
+    def from_hf(cls, d: dict, source: str) -> DraftConfig:
+        d = dict(d)
+        d.pop("architectures", None)
+        kind = d.pop("drafter_kind", None)
+        if kind not in FEATURE_KINDS:
+            raise CheckpointError(f"{source}: field 'drafter_kind' = {kind!r}; expected one of {FEATURE_KINDS}")
+        names = set(cls.__dataclass_fields__) - {"kind", "extra"}
+        known = {k: d.pop(k) for k in list(d) if k in names}
+        try:
+            cfg = cls(kind=kind, **known, extra=d)
+        except TypeError as e:
+            raise CheckpointError(f"{source}: {e}") from None
+        if not cfg.target_layers:
+            raise CheckpointError(f"{source}: field 'target_layers' must list at least one target layer")
+        return cfg
+
+
+class FeatureDrafterNet(nn.Module):
+    """The weights of the sequential / block / block+Markov drafters (one class, kind-dependent heads)."""
+
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.cfg, body = cfg, cfg.body()
+        H = cfg.hidden_size
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, H)
+        self.fc_feat = nn.Linear(len(cfg.target_layers) * cfg.target_hidden_size, H, bias=False)
+        self.fc_in = nn.Linear(2 * H, H, bias=False)
+        self.layers = nn.ModuleList(Block(body, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(H, cfg.vocab_size, bias=False)
+        if cfg.kind in ("block", "block_markov"):
+            self.mask_embedding = nn.Parameter(torch.zeros(H))
+        if cfg.kind == "block_markov":
+            self.markov_in = nn.Linear(H, cfg.markov_rank, bias=False)
+            self.markov_out = nn.Linear(cfg.markov_rank, cfg.vocab_size, bias=False)
+        self.register_buffer("inv_freq", body.inv_freq(), persistent=False)
+
+    def rows(self, next_tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Input rows from (token at t+1, hidden at t); hidden is already H-wide."""
+        return self.fc_in(torch.cat((self.embed_tokens(next_tokens), hidden), dim=-1))
+
+    def forward(self, x: torch.Tensor, cache: Cache | None, tree_mask: torch.Tensor | None = None):
+        """x [B, T, H] input rows → (pre-norm hidden, logits)."""
+        B, T, _ = x.shape
+        start = cache.reserve(T) if cache is not None else 0
+        pos = torch.arange(start, start + T, device=x.device).expand(B, T)
+        if tree_mask is None:
+            tree_mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        rope = rope_tables(self.inv_freq, pos, x.dtype)
+        h, _ = run_layers(self.cfg.body(), self.layers, x, cache, start, pos, tree_mask, rope)
+        return h, self.lm_head(self.norm(h))
+
+    def markov_logits(self, base: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        """Logits of a position given each parent token: base [V] + low-rank parent term → [P, V]."""
+        return base[None, :] + self.markov_out(self.markov_in(self.embed_tokens(parents)))
+
+
+class Drafter:
+    """Interface: `observe` the tokens that entered the target cache, then `propose` a lattice."""
+
+    kind: str
+    target_layers: tuple[int, ...] = ()
+
+    def reset(self, max_len: int) -> None: ...
+
+    def observe(self, committed: list[int], next_tokens: list[int], feats: torch.Tensor | None) -> None:
+        """committed: tokens that entered the target cache this step; next_tokens: the token after
+        each (the last is the newest, not yet in the cache); feats: target features [T, F] of the
+        committed positions (feature drafters only)."""
+
+    def propose(self, m: int) -> Lattice: ...
+
+
+class FeatureDrafter(Drafter):
+    def __init__(self, net: FeatureDrafterNet):
+        self.net, self.kind = net, net.cfg.kind
+        self.target_layers = tuple(net.cfg.target_layers)
+        self.block_size = net.cfg.block_size
+        self.cache: Cache | None = None
+
+    def reset(self, max_len: int) -> None:
+        self.cache = Cache(self.net.cfg.body(), 1, max_len + self.block_size + 2,
+                           self.net.lm_head.weight.device, self.net.lm_head.weight.dtype)
+        self.last_hidden = self.last_logits = None
+        self.newest = None
+
+    @torch.no_grad()
+    def observe(self, committed, next_tokens, feats):
+        x = self.net.rows(torch.tensor([next_tokens], device=feats.device),
+                          self.net.fc_feat(feats.to(self.net.lm_head.weight.dtype))[None])
+        h, logits = self.net(x, self.cache)
+        self.cache.commit(len(next_tokens))
+        self.last_hidden, self.last_logits = h[:, -1:], logits[0, -1]
+        self.newest = next_tokens[-1]
+
+    @torch.no_grad()
+    def propose(self, m: int) -> Lattice:
+        if m <= 0:
+            return Lattice(torch.empty(0, TOP_K, dtype=torch.long), torch.empty(0, TOP_K))
+        if self.kind == "sequential":
+            return self._propose_sequential(m)
+        return self._propose_block(min(m, self.block_size))
+
+    def _propose_sequential(self, m: int) -> Lattice:
+        base = self.cache.length
+        logits, hidden = [self.last_logits], self.last_hidden
+        for _ in range(m - 1):
+            tok = logits[-1].argmax().view(1, 1)
+            hidden, lg = self.net(self.net.rows(tok, hidden), self.cache)
+            self.cache.commit(1)
+            logits.append(lg[0, -1])
+        self.cache.truncate(base)
+        return Lattice.from_logits(torch.stack(logits))
+
+    def _propose_block(self, m: int) -> Lattice:
+        # the last context row predicts position 1; m-1 mask rows predict positions 2..m
+        net, base = self.net, self.cache.length
+        if m > 1:
+            x = net.mask_embedding.expand(1, m - 1, -1)
+            T = m - 1
+            _, lg = net(x, self.cache, tree_mask=torch.ones(T, T, dtype=torch.bool, device=x.device))
+            self.cache.truncate(base)
+            logits = torch.cat((self.last_logits[None], lg[0]))
+        else:
+            logits = self.last_logits[None]
+        if self.kind == "block":
+            return Lattice.from_logits(logits)
+        # Markov head: position 1 is conditioned on the newest token; later positions keep the
+        # marginal top-k as candidates and score each candidate under each parent candidate.
+        dev = logits.device
+        first = net.markov_logits(logits[0], torch.tensor([self.newest], device=dev))[0]
+        lat = Lattice.from_logits(torch.cat((first[None], logits[1:])))
+        trans = []
+        for i in range(1, m):
+            cond = F.log_softmax(net.markov_logits(logits[i], lat.tokens[i - 1]).double(), dim=-1)
+            trans.append(cond.gather(1, lat.tokens[i][None].expand(lat.tokens.shape[1], -1)))
+        lat.trans = torch.stack(trans) if trans else None
+        return lat
+
+
+class NgramDrafter(Drafter):
+    """Prompt lookup: the continuation of the most recent earlier occurrence of the longest suffix
+    (n = max_n .. min_n) of the token history."""
+
+    kind = "ngram"
+
+    def __init__(self, max_n: int = 4, min_n: int = 1):
+        self.max_n, self.min_n = max_n, min_n
+        self.history: list[int] = []
+
+    def reset(self, max_len: int) -> None:
+        self.history = []
+
+    def observe(self, committed, next_tokens, feats=None):
+        self.history.extend(committed)
+        self.newest = next_tokens[-1]
+
+    def propose(self, m: int) -> Lattice:
+        seq = self.history + [self.newest]
+        proposal: list[int] = []
+        for n in range(min(self.max_n, len(seq) - 1), self.min_n - 1, -1):
+            suffix = seq[-n:]
+            for start in range(len(seq) - n - 1, -1, -1):
+                if seq[start : start + n] == suffix:
+                    proposal = seq[start + n : start + n + m]
+                    break
+            if proposal:
+                break
+        tokens = torch.full((len(proposal), TOP_K), -1, dtype=torch.long)
+        logp = torch.full((len(proposal), TOP_K), float("-inf"), dtype=torch.float64)
+        if proposal:
+            tokens[:, 0] = torch.tensor(proposal)
+            logp[:, 0] = 0.0
+        return Lattice(tokens, logp)
+
+
+class DraftLM(Drafter):
+    """A classic standalone draft model: greedy, one forward per drafted token, own KV cache."""
+
+    kind = "draft_lm"
+
+    def __init__(self, model: Model):
+        if model.cfg.is_hybrid:
+            raise CheckpointError("a standalone draft LM must be attention-only (its cache is rolled back)")
+        self.model = model
+
+    def reset(self, max_len: int) -> None:
+        self.cache = self.model.new_cache(max_len + TOP_K + 64)
+
+    @torch.no_grad()
+    def observe(self, committed, next_tokens, feats=None):
+        dev = self.model.lm_head_weight.device
+        self.model(torch.tensor([committed], device=dev), self.cache, logits=False)
+        self.cache.commit(len(committed))
+        self.newest = next_tokens[-1]
+
+    @torch.no_grad()
+    def propose(self, m: int) -> Lattice:
+        base, tok, rows = self.cache.length, self.newest, []
+        dev = self.model.lm_head_weight.device
+        for _ in range(m):
+            lg = self.model(torch.tensor([[tok]], device=dev), self.cache).logits[0, -1]
+            self.cache.commit(1)
+            rows.append(lg)
+            tok = int(lg.argmax())
+        self.cache.truncate(base)
+        if not rows:
+            return Lattice(torch.empty(0, TOP_K, dtype=torch.long), torch.empty(0, TOP_K))
+        return Lattice.from_logits(torch.stack(rows))
+
+
+def load_drafter(spec: str, dtype: torch.dtype = torch.float32, device="cpu") -> Drafter:
+    """`ngram`, `ngram:N`, or a checkpoint folder (feature drafter or standalone draft LM)."""
+    if spec == "ngram" or spec.startswith("ngram:"):
+        return NgramDrafter(max_n=int(spec.split(":")[1]) if ":" in spec else 4)
+    folder = Path(spec)
+    d = read_config(folder)
+    if DRAFTER_ARCH not in (d.get("architectures") or []):
+        return DraftLM(load_model(folder, dtype, device))
+    cfg = DraftConfig.from_hf(d, str(folder / "config.json"))
+    with torch.device("meta"):
+        net = FeatureDrafterNet(cfg)
+    load_into(net, read_tensors(folder, device), folder, dtype)
+    net.inv_freq = cfg.body().inv_freq().to(device)
+    return FeatureDrafter(net.eval())
+
+
+def save_drafter(net: FeatureDrafterNet, folder, dtype: torch.dtype | None = None) -> None:
+    sd = {k: (v.to(dtype) if dtype else v) for k, v in net.state_dict().items()}
+    write_checkpoint(folder, net.cfg.to_hf(), sd)

@@ -1,0 +1,110 @@
+"""A runnable system: one `EngineConfig` (the stock system is every mechanism off) → loaded target,
+drafter and tokenizer → outputs and statistics for a list of requests."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .checkpoint import CheckpointError, load_model
+from .decode import Result, generate
+from .drafters import load_drafter
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+MODES = ("ar", "chain")
+
+
+@dataclass
+class EngineConfig:
+    target: str
+    drafter: str | None = None  # checkpoint folder, or "ngram"
+    mode: str = "chain"  # ar | chain
+    draft_len: int = 8
+    dtype: str = "float32"
+    device: str = "cpu"
+    max_new_tokens: int = 64
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode {self.mode!r}: expected one of {MODES}")
+        if self.mode != "ar" and not self.drafter:
+            raise ValueError(f"mode {self.mode!r} needs a drafter (a checkpoint folder or 'ngram')")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r}: expected one of {tuple(DTYPES)}")
+        if self.draft_len < 1 or self.max_new_tokens < 1:
+            raise ValueError("draft_len and max_new_tokens must be positive")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device!r} asked for, but CUDA is not available here; use --device cpu")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def load_tokenizer(folder):
+    """The checkpoint's tokenizer.json as a `tokenizers.Tokenizer`, or None when it has none."""
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # the tokenizers library raises plain Exceptions on bad files
+        raise CheckpointError(f"{path}: cannot be read as a tokenizer ({e})") from None
+
+
+class Engine:
+    def __init__(self, cfg: EngineConfig):
+        cfg.validate()
+        self.cfg = cfg
+        dtype = DTYPES[cfg.dtype]
+        self.target = load_model(cfg.target, dtype, cfg.device)
+        self.drafter = load_drafter(cfg.drafter, dtype, cfg.device) if cfg.mode != "ar" else None
+        self.tokenizer = load_tokenizer(cfg.target)
+
+    def encode(self, req) -> list[int]:
+        if getattr(req, "prompt_ids", None) is not None:
+            ids = list(req.prompt_ids)
+            bad = [t for t in ids if not 0 <= t < self.target.cfg.vocab_size]
+            if bad:
+                raise ValueError(f"request {req.id!r}: prompt_ids {bad[:3]} outside the vocabulary "
+                                 f"(size {self.target.cfg.vocab_size})")
+            return ids
+        if self.tokenizer is None:
+            raise ValueError(f"request {req.id!r} has a text prompt but {self.cfg.target} has no tokenizer.json; "
+                             "give prompt_ids instead")
+        return self.tokenizer.encode(req.prompt).ids
+
+    def decode_text(self, tokens: list[int]) -> str | None:
+        return self.tokenizer.decode(tokens, skip_special_tokens=False) if self.tokenizer else None
+
+    def generate(self, req) -> Result:
+        n = getattr(req, "max_new_tokens", None) or self.cfg.max_new_tokens
+        return generate(self.target, self.encode(req), n, self.drafter, self.cfg.draft_len)
+
+    def run(self, requests, progress=None) -> dict:
+        """The CLI's JSON: outputs, mean τ over all steps, tokens/s over all generation time."""
+        outputs, steps, n_tok, wall = [], [], 0, 0.0
+        for req in requests:
+            t0 = time.perf_counter()
+            res = self.generate(req)
+            wall += time.perf_counter() - t0
+            outputs.append({"id": req.id, "tokens": res.tokens, "text": self.decode_text(res.tokens),
+                            "tau_mean": res.tau_mean, "steps": len(res.steps)})
+            steps += res.steps
+            n_tok += len(res.tokens)
+            if progress is not None:
+                progress(1)
+        return {
+            "outputs": outputs,
+            "tau_mean": sum(s.tau for s in steps) / len(steps) if steps else 0.0,
+            "tokens_per_s": n_tok / wall if wall else 0.0,
+            "steps": len(steps),
+            "drafted_mean": sum(s.drafted for s in steps) / len(steps) if steps else 0.0,
+            "time_s": {"draft": sum(s.t_draft for s in steps), "verify": sum(s.t_verify for s in steps),
+                       "commit": sum(s.t_commit for s in steps), "total": wall},
+            "config": self.cfg.as_dict(),
+        }

@@ -1,0 +1,292 @@
+"""The target (and draft-LM) transformer: dense attention, sliding-window attention and Gated
+DeltaNet layers. Parameter names equal the Hugging Face checkpoint's tensor names, so a
+checkpoint's state dict loads as is.
+
+`forward(tokens, cache, positions, tree_mask)` runs T new tokens against the committed cache:
+attention rows see every committed position plus the new rows allowed by `tree_mask`
+(lower-triangular when absent: a chain); GDN layers run the recurrence from the committed state
+and leave per-position state in the cache (see cache.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .cache import Cache, state_dtype
+from .config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, zero_centered: bool = False):
+        super().__init__()
+        self.eps, self.zero_centered = eps, zero_centered
+        self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.to(state_dtype(x.dtype))
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.zero_centered:
+            return (xf * (1.0 + self.weight.to(xf.dtype))).to(x.dtype)
+        return self.weight * xf.to(x.dtype)
+
+
+class GatedRMSNorm(RMSNorm):
+    """RMSNorm(x) * silu(z), the output norm of a Gated DeltaNet layer."""
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        sdt = state_dtype(x.dtype)
+        y = super().forward(x).to(sdt) * F.silu(z.to(sdt))
+        return y.to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding on the first cos.shape[-1] channels (partial rotary keeps the rest)."""
+    d = cos.shape[-1]
+    xr, xp = x[..., :d], x[..., d:]
+    x1, x2 = xr[..., : d // 2], xr[..., d // 2 :]
+    xr = xr * cos + torch.cat((-x2, x1), dim=-1) * sin
+    return torch.cat((xr, xp), dim=-1)
+
+
+def rope_tables(inv_freq: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype):
+    """cos, sin [B, 1, T, rotary_dim] for positions [B, T] (computed in float32, float64 for float64)."""
+    rdt = torch.float64 if dtype == torch.float64 else torch.float32
+    f = pos.to(rdt)[..., None] * inv_freq.to(rdt)
+    emb = torch.cat((f, f), dim=-1)[:, None]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        h, i, b = cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias
+        self.gate_proj, self.up_proj = nn.Linear(h, i, bias=b), nn.Linear(h, i, bias=b)
+        self.down_proj = nn.Linear(i, h, bias=b)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.cfg, self.layer = cfg, layer
+        nh, nkv, hd, b = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.attention_bias
+        self.window = cfg.sliding_window if cfg.layer_types[layer] == "sliding_attention" else None
+        self.q_proj = nn.Linear(cfg.hidden_size, nh * hd * (2 if cfg.attn_output_gate else 1), bias=b)
+        self.k_proj = nn.Linear(cfg.hidden_size, nkv * hd, bias=b)
+        self.v_proj = nn.Linear(cfg.hidden_size, nkv * hd, bias=b)
+        self.o_proj = nn.Linear(nh * hd, cfg.hidden_size, bias=b)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, cfg.zero_centered_norm)
+            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, cfg.zero_centered_norm)
+
+    def visible(self, kpos: torch.Tensor, qpos: torch.Tensor) -> torch.Tensor:
+        """[Tq, Tk]: key position not after the query's, and inside the sliding window if any."""
+        ok = kpos[None, :] <= qpos[:, None]
+        if self.window:
+            ok &= kpos[None, :] > qpos[:, None] - self.window
+        return ok
+
+    def forward(self, x, rope, pos, tree_mask, cache: Cache | None, start: int):
+        B, T, _ = x.shape
+        hd = self.cfg.head_dim
+        q = self.q_proj(x).view(B, T, -1, hd * (2 if self.cfg.attn_output_gate else 1))
+        gate = None
+        if self.cfg.attn_output_gate:
+            q, gate = q.chunk(2, dim=-1)
+            gate = gate.reshape(B, T, -1)
+        k = self.k_proj(x).view(B, T, -1, hd)
+        v = self.v_proj(x).view(B, T, -1, hd).transpose(1, 2)
+        if self.cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotate(q.transpose(1, 2), *rope), rotate(k.transpose(1, 2), *rope)
+
+        qpos = pos[0]  # positions are shared across the batch
+        if cache is not None and cache.static:  # graph-capturable: slots are positions, keys the whole buffer
+            cache.k[self.layer].index_copy_(2, qpos, k)
+            cache.v[self.layer].index_copy_(2, qpos, v)
+            k, v = cache.k[self.layer], cache.v[self.layer]
+            mask = self.visible(torch.arange(k.shape[2], device=x.device), qpos)
+        else:  # new rows see each other by tree_mask, and every committed slot
+            mask = tree_mask & self.visible(qpos, qpos)
+            if cache is not None:
+                cache.k[self.layer][:, :, start : start + T] = k
+                cache.v[self.layer][:, :, start : start + T] = v
+                k = cache.k[self.layer][:, :, : start + T]
+                v = cache.v[self.layer][:, :, : start + T]
+                mask = torch.cat((self.visible(torch.arange(start, device=x.device), qpos), mask), dim=1)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        o = o.transpose(1, 2).reshape(B, T, -1)
+        if gate is not None:
+            o = o * torch.sigmoid(gate)
+        return self.o_proj(o)
+
+
+class GatedDeltaNet(nn.Module):
+    """Qwen3-Next's linear-attention layer: short causal conv, then the gated delta rule."""
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.cfg, self.layer = cfg, layer
+        nk, nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        self.key_dim, self.value_dim = nk * dk, nv * dv
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.in_proj_qkvz = nn.Linear(cfg.hidden_size, 2 * self.key_dim + 2 * self.value_dim, bias=False)
+        self.in_proj_ba = nn.Linear(cfg.hidden_size, 2 * nv, bias=False)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, cfg.linear_conv_kernel_dim,
+                                groups=self.conv_dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(nv))
+        self.A_log = nn.Parameter(torch.zeros(nv))
+        self.norm = GatedRMSNorm(dv, cfg.rms_norm_eps)
+        self.out_proj = nn.Linear(self.value_dim, cfg.hidden_size, bias=False)
+
+    def split(self, x):
+        """Projections in the checkpoint's per-key-head grouped layout → q, k, v, z, b, a."""
+        c = self.cfg
+        B, T, _ = x.shape
+        nk, r, dk, dv = c.linear_num_key_heads, c.linear_num_value_heads // c.linear_num_key_heads, \
+            c.linear_key_head_dim, c.linear_value_head_dim
+        qkvz = self.in_proj_qkvz(x).view(B, T, nk, 2 * dk + 2 * r * dv)
+        q, k, v, z = torch.split(qkvz, [dk, dk, r * dv, r * dv], dim=-1)
+        b, a = torch.split(self.in_proj_ba(x).view(B, T, nk, 2 * r), [r, r], dim=-1)
+        return q, k, v.reshape(B, T, -1, dv), z.reshape(B, T, -1, dv), b.reshape(B, T, -1), a.reshape(B, T, -1)
+
+    def forward(self, x, h0: torch.Tensor, conv0: torch.Tensor):
+        """Returns (output, per-position states [B, T, H, Dk, Dv], conv inputs [B, C, K-1+T])."""
+        c = self.cfg
+        B, T, _ = x.shape
+        q, k, v, z, b, a = self.split(x)
+        mixed = torch.cat((q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1)), dim=-1)
+        conv_in = torch.cat((conv0, mixed.transpose(1, 2)), dim=-1)
+        mixed = F.silu(F.conv1d(conv_in, self.conv1d.weight, groups=self.conv_dim)).transpose(1, 2)
+        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        sdt = state_dtype(x.dtype)
+        r = c.linear_num_value_heads // c.linear_num_key_heads
+        q = q.reshape(B, T, -1, c.linear_key_head_dim).repeat_interleave(r, dim=2).to(sdt)
+        k = k.reshape(B, T, -1, c.linear_key_head_dim).repeat_interleave(r, dim=2).to(sdt)
+        v = v.reshape(B, T, -1, c.linear_value_head_dim).to(sdt)
+        q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) * c.linear_key_head_dim ** -0.5
+        k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+        beta = torch.sigmoid(b).to(sdt)
+        g = -self.A_log.to(sdt).exp() * F.softplus(a.to(sdt) + self.dt_bias.to(sdt))
+        out, states = gated_delta_rule(q, k, v, g, beta, h0)
+        out = self.norm(out.to(x.dtype), z)
+        return self.out_proj(out.reshape(B, T, -1)), states, conv_in
+
+
+def gated_delta_rule(q, k, v, g, beta, h):
+    """Reference recurrence, one position at a time: h ← h·e^g; h ← h + k ⊗ β(v − hᵀk); o = hᵀq.
+
+    q, k: [B, T, H, Dk]; v: [B, T, H, Dv]; g, beta: [B, T, H]; h: [B, H, Dk, Dv].
+    Returns outputs [B, T, H, Dv] and the state after every position [B, T, H, Dk, Dv].
+    """
+    outs, states = [], []
+    for t in range(q.shape[1]):
+        h = h * g[:, t].exp()[..., None, None]
+        kt = k[:, t]
+        delta = (v[:, t] - torch.einsum("bhkv,bhk->bhv", h, kt)) * beta[:, t, :, None]
+        h = h + kt[..., :, None] * delta[..., None, :]
+        outs.append(torch.einsum("bhkv,bhk->bhv", h, q[:, t]))
+        states.append(h)
+    return torch.stack(outs, 1), torch.stack(states, 1)
+
+
+def run_layers(cfg: ModelConfig, layers, x, cache: Cache | None, start: int, positions, tree_mask, rope,
+               feature_layers: tuple[int, ...] = ()):
+    """The residual stream through `layers`; returns it and the concatenated features of feature_layers."""
+    B, T, _ = x.shape
+    if cache is not None and not cache.static and cfg.is_hybrid and not torch.equal(
+            tree_mask, torch.ones(T, T, dtype=torch.bool, device=x.device).tril()):
+        raise ValueError("Gated DeltaNet layers verify chains here; tree verification of hybrids replays paths")
+    feats = {}
+    for i, blk in enumerate(layers):
+        y = blk.input_layernorm(x)
+        if blk.kind == "linear_attention":
+            if cache is not None:
+                h0, conv0 = cache.h[i], cache.conv[i]
+            else:
+                h0 = y.new_zeros(B, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                                 cfg.linear_value_head_dim, dtype=state_dtype(y.dtype))
+                conv0 = y.new_zeros(B, blk.linear_attn.conv_dim, cfg.linear_conv_kernel_dim - 1)
+            y, states, conv_in = blk.linear_attn(y, h0, conv0)
+            if cache is not None and cache.static:  # static caches commit every token in place
+                cache.h[i].copy_(states[:, -1])
+                cache.conv[i].copy_(conv_in[:, :, conv_in.shape[2] - conv0.shape[2]:])
+            elif cache is not None:
+                cache.pending_h[i], cache.pending_conv[i] = states, conv_in
+        else:
+            y = blk.self_attn(y, rope, positions, tree_mask, cache, start)
+        x = x + y
+        x = x + blk.mlp(blk.post_attention_layernorm(x))
+        if i in feature_layers:
+            feats[i] = x
+    return x, (torch.cat([feats[i] for i in feature_layers], -1) if feature_layers else None)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.kind = cfg.layer_types[layer]
+        if self.kind == "linear_attention":
+            self.linear_attn = GatedDeltaNet(cfg, layer)
+        else:
+            self.self_attn = Attention(cfg, layer)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centered_norm)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centered_norm)
+
+
+@dataclass
+class Output:
+    logits: torch.Tensor  # [B, T, V]
+    features: torch.Tensor | None  # [B, T, len(feature_layers) * hidden] residual stream after those layers
+
+
+class Model(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.model.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.model.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centered_norm)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.register_buffer("inv_freq", cfg.inv_freq(), persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
+
+    def new_cache(self, max_len: int, batch: int = 1, static: bool = False) -> Cache:
+        p = self.model.embed_tokens.weight
+        return Cache(self.cfg, batch, max_len, p.device, p.dtype, static)
+
+    def forward(self, tokens: torch.Tensor, cache: Cache | None = None, positions: torch.Tensor | None = None,
+                tree_mask: torch.Tensor | None = None, feature_layers: tuple[int, ...] = (),
+                logits: bool = True) -> Output:
+        """tokens [B, T]. With a cache, the T tokens follow its committed length and stay pending
+        until `cache.commit`. positions default to consecutive ones; tree_mask [T, T] (row sees
+        column) defaults to causal."""
+        B, T = tokens.shape
+        if cache is not None and cache.static and positions is None:
+            raise ValueError("a static cache needs explicit positions")
+        start = cache.reserve(T) if cache is not None and not cache.static else 0
+        if positions is None:
+            positions = torch.arange(start, start + T, device=tokens.device).expand(B, T)
+        if tree_mask is None:
+            tree_mask = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
+        x, features = run_layers(self.cfg, self.model.layers, self.model.embed_tokens(tokens), cache,
+                                 start, positions, tree_mask, rope_tables(self.inv_freq, positions, self.dtype), feature_layers)
+        out = F.linear(self.model.norm(x), self.lm_head_weight) if logits else None
+        return Output(out, features)

@@ -1,0 +1,92 @@
+"""Random-weight models and drafters of every supported family and kind, for tests, the demo's
+fallback and benchmarks (decode speed does not depend on weight values)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from .config import ModelConfig
+from .drafters import DraftConfig, FeatureDrafterNet
+from .model import Model
+
+FAMILIES = ("llama", "qwen3", "sliding", "hybrid")
+
+
+def tiny_config(family: str, vocab: int = 256, hidden: int = 64, layers: int = 4, heads: int = 4,
+                kv_heads: int = 2, window: int = 8, tied: bool = False) -> ModelConfig:
+    """A small config of a family: llama, qwen3, sliding (Qwen3 with sliding layers) or hybrid
+    (Qwen3-Next layout: GDN layers with full attention every other layer)."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
+    hf = {"llama": "llama", "qwen3": "qwen3", "sliding": "qwen3", "hybrid": "qwen3_next"}[family]
+    layer_types = ["full_attention"] * layers
+    if family == "sliding":
+        layer_types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    if family == "hybrid":
+        layer_types = ["full_attention" if i % 2 else "linear_attention" for i in range(layers)]
+    return ModelConfig(
+        family=hf, vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        head_dim=hidden // heads, layer_types=layer_types, tie_word_embeddings=tied,
+        sliding_window=window if family == "sliding" else None,
+        partial_rotary_factor=0.5 if family == "hybrid" else 1.0,
+        linear_num_key_heads=2 if family == "hybrid" else 0,
+        linear_num_value_heads=4 if family == "hybrid" else 0,
+        linear_key_head_dim=hidden // 8 if family == "hybrid" else 0,
+        linear_value_head_dim=hidden // 8 if family == "hybrid" else 0,
+        eos_token_id=[0], bos_token_id=None,
+    )
+
+
+def randomize(module: torch.nn.Module, seed: int, std: float = 0.2) -> torch.nn.Module:
+    """Deterministic random weights: linear/embedding ~ N(0, std²/fan_in-ish), norms near 1."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("A_log"):
+                p.copy_(torch.empty(p.shape).uniform_(0.01, 4, generator=g).log())
+            elif name.endswith("dt_bias"):
+                p.copy_(torch.rand(p.shape, generator=g))
+            elif p.dim() == 1:  # norm weights (zero-centred ones get small offsets)
+                centre = 0.0 if (getattr(module, "cfg", None) is not None and name.endswith("norm.weight")
+                                 and getattr(module.cfg, "zero_centered_norm", False)) else 1.0
+                p.copy_(centre + 0.1 * torch.randn(p.shape, generator=g))
+            else:
+                fan_in = p.shape[-1] if p.dim() == 2 else p[0].numel()
+                scale = std if name.endswith("embed_tokens.weight") else fan_in ** -0.5
+                p.copy_(torch.randn(p.shape, generator=g) * scale)
+    return module
+
+
+def random_model(cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32, device="cpu") -> Model:
+    with torch.device(device):
+        return randomize(Model(cfg), seed).to(dtype).eval()
+
+
+def perturbed(model: Model, seed: int, noise: float) -> Model:
+    """A copy of a model with relative Gaussian noise on every weight: a draft LM that agrees with
+    the target often, but not always."""
+    m = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn(p.shape, generator=g).to(p) * noise * p.abs().mean())
+    return m
+
+
+def drafter_config(kind: str, target: ModelConfig, hidden: int = 32, layers: int = 1, block: int = 8,
+                   target_layers: list[int] | None = None) -> DraftConfig:
+    n = target.num_hidden_layers
+    return DraftConfig(
+        kind=kind, vocab_size=target.vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
+        target_hidden_size=target.hidden_size,
+        target_layers=target_layers if target_layers is not None else sorted({0, n // 2, n - 1}),
+        block_size=block, markov_rank=8)
+
+
+def random_drafter_net(kind: str, target: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32,
+                       **kw) -> FeatureDrafterNet:
+    return randomize(FeatureDrafterNet(drafter_config(kind, target, **kw)), seed).to(dtype).eval()

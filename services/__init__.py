@@ -1,0 +1,5 @@
+"""specpilot.services: the four deployable services (gpu_worker, controller, planner, memory_api).
+
+Each service is a room of its own: they reach each other only through the proto contracts,
+REST and the queue, never by importing each other's modules.
+"""

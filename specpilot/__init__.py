@@ -1,0 +1,1 @@
+"""SpecPilot: measure, improve and prove speculative decoding for one deployment."""

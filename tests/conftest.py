@@ -1,0 +1,33 @@
+"""Shared pytest set-up: the `gpu` marker.
+
+A test marked `gpu`, or any test under tests/gpu/, is skipped (with the reason) when
+torch.cuda.is_available() is false.
+"""
+
+from pathlib import Path
+
+import pytest
+
+GPU_DIR = Path(__file__).parent / "gpu"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped when torch.cuda.is_available() is false")
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = []
+    for item in items:
+        if GPU_DIR in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.gpu)
+        if item.get_closest_marker("gpu") is not None:
+            gpu_items.append(item)
+    if not gpu_items:
+        return
+    import torch  # only when a gpu test was collected
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in gpu_items:
+        item.add_marker(skip)

@@ -1,0 +1,71 @@
+"""Speculative output == AR output, token for token, in float64, for every family and drafter kind
+(DESIGN.md §3: float64 so that near-ties cannot split the two)."""
+
+from functools import lru_cache
+
+import torch
+from hypothesis import given, settings, strategies as st
+
+from specpilot.engine.decode import generate
+from specpilot.engine.drafters import DraftLM, FeatureDrafter, NgramDrafter
+from specpilot.engine.synthetic import FAMILIES, perturbed, random_drafter_net, random_model, tiny_config
+
+KINDS = ("sequential", "block", "block_markov", "ngram", "draft_lm_self", "draft_lm_noisy")
+
+
+@lru_cache(maxsize=None)
+def target(family: str, seed: int):
+    return random_model(tiny_config(family, vocab=97), seed=seed, dtype=torch.float64)
+
+
+def make_drafter(kind: str, family: str, seed: int):
+    tgt = target(family, seed)
+    if kind == "ngram":
+        return NgramDrafter()
+    if kind.startswith("draft_lm"):
+        # a draft LM must be attention-only: hybrids get a dense model of the same vocabulary
+        base = tgt if not tgt.cfg.is_hybrid else target("llama", seed)
+        return DraftLM(base if kind == "draft_lm_self" else perturbed(base, seed + 1, 0.3))
+    return FeatureDrafter(random_drafter_net(kind, tgt.cfg, seed=seed + 7, dtype=torch.float64, block=6))
+
+
+@settings(max_examples=60, deadline=None)
+@given(family=st.sampled_from(FAMILIES), kind=st.sampled_from(KINDS), seed=st.integers(0, 2),
+       data=st.data(), draft_len=st.integers(1, 7), max_new=st.integers(1, 40))
+def test_speculative_equals_ar(family, kind, seed, data, draft_len, max_new):
+    # repetitive prompts give the n-gram drafter something to find
+    unit = data.draw(st.lists(st.integers(1, 96), min_size=1, max_size=10))
+    prompt = (unit * data.draw(st.integers(1, 4)))[:24]
+    tgt = target(family, seed)
+    ar = generate(tgt, prompt, max_new)
+    spec = generate(tgt, prompt, max_new, make_drafter(kind, family, seed), draft_len=draft_len)
+    assert spec.tokens == ar.tokens
+    assert all(1 <= s.tau <= s.drafted + 1 for s in spec.steps)
+    assert sum(s.tau for s in spec.steps) + 1 >= len(spec.tokens)  # prefill emits the first token
+
+
+def test_full_acceptance_reaches_max_tau():
+    """A drafter that is the target itself is always right: every step commits draft_len + 1."""
+    tgt = target("llama", 0)
+    res = generate(tgt, [5, 6, 7], 33, DraftLM(tgt), draft_len=7, eos=set())
+    assert [s.tau for s in res.steps] == [8, 8, 8, 8]
+    assert res.tokens == generate(tgt, [5, 6, 7], 33, eos=set()).tokens
+
+
+def test_eos_inside_an_accepted_block_ends_like_ar():
+    tgt = target("qwen3", 1)
+    free = generate(tgt, [3, 1, 4, 1, 5], 30, eos=set()).tokens
+    stop = free[9]  # make the 10th generated token an EOS
+    ar = generate(tgt, [3, 1, 4, 1, 5], 30, eos={stop})
+    spec = generate(tgt, [3, 1, 4, 1, 5], 30, DraftLM(tgt), draft_len=7, eos={stop})
+    assert ar.tokens == free[: free.index(stop) + 1]
+    assert spec.tokens == ar.tokens
+
+
+def test_token_limit_inside_an_accepted_block():
+    tgt = target("llama", 2)
+    for limit in (1, 2, 5, 9, 10, 11):
+        ar = generate(tgt, [9, 8, 7], limit, eos=set())
+        spec = generate(tgt, [9, 8, 7], limit, DraftLM(tgt), draft_len=4, eos=set())
+        assert len(ar.tokens) == limit
+        assert spec.tokens == ar.tokens

@@ -1,0 +1,3 @@
+"""specpilot.zoo: the corpus, tokenizer, tiny target/drafter recipes, shipped micro checkpoints
+(checkpoints/) and workloads used by the demo and the tests.
+"""
