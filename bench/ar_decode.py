@@ -35,6 +35,14 @@ LLAMA_8B = dict(
 )
 
 
+def git_sha() -> str:
+    """GIT_SHA from the caller (a machine's copy of the tree may have no .git), else git's own answer."""
+    if os.environ.get("GIT_SHA"):
+        return os.environ["GIT_SHA"]
+    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 else "unknown"
+
+
 def copy_bandwidth(gb: float = 4.0) -> float:
     """Device-to-device copy, bytes read + written per second (median of 20)."""
     n = int(gb * 2**30) // 2
@@ -138,8 +146,7 @@ def main() -> int:
         "command": " ".join(["python"] + sys.argv),
         "device": torch.cuda.get_device_name(),
         "date": datetime.date.today().isoformat(),
-        "git_sha": os.environ.get("GIT_SHA") or subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown",
+        "git_sha": git_sha(),
         "torch": torch.__version__,
         "checkpoint": f"{args.shape} shape, random bf16 weights",
         "copy_bandwidth_TBps": bw / 1e12,

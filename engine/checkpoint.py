@@ -7,6 +7,7 @@ survives.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -19,6 +20,7 @@ from .model import Model
 
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
 FLOAT_CODES = {"F16", "BF16", "F32", "F64"}
+ITEMSIZE = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8}
 
 
 class CheckpointError(ValueError):
@@ -54,6 +56,8 @@ def _header(path: Path) -> dict:
             hdr = json.loads(f.read(n))
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise CheckpointError(f"{path}: corrupt safetensors header (not JSON)") from None
+    if not isinstance(hdr, dict) or not all(isinstance(v, dict) for v in hdr.values()):
+        raise CheckpointError(f"{path}: corrupt safetensors header (not a JSON object of tensor entries)")
     body = size - 8 - n
     for name, info in hdr.items():
         if name == "__metadata__":
@@ -68,6 +72,12 @@ def _header(path: Path) -> dict:
             raise CheckpointError(
                 f"{path}: tensor '{name}' has dtype {info.get('dtype')}, expected a floating-point dtype"
             )
+        start, shape = info.get("data_offsets", [0, 0])[0], info.get("shape", [])
+        if end - start != math.prod(shape) * ITEMSIZE[info["dtype"]]:
+            raise CheckpointError(
+                f"{path}: tensor '{name}' has shape {shape} ({info['dtype']}) but data_offsets "
+                f"[{start}, {end}] hold {end - start} bytes (corrupt header)"
+            )
     return hdr
 
 
@@ -79,6 +89,8 @@ def read_tensors(folder, device="cpu") -> dict[str, torch.Tensor]:
             wmap = json.loads((folder / INDEX).read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError):
             raise CheckpointError(f"{folder / INDEX}: corrupt index (needs a 'weight_map' object)") from None
+        if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
+            raise CheckpointError(f"{folder / INDEX}: corrupt index (needs a 'weight_map' object)")
         files = sorted(set(wmap.values()))
     elif (folder / SINGLE).is_file():
         wmap, files = None, [SINGLE]
@@ -90,7 +102,11 @@ def read_tensors(folder, device="cpu") -> dict[str, torch.Tensor]:
         if not path.is_file():
             raise CheckpointError(f"{folder / INDEX}: shard '{fname}' is listed but missing")
         hdr = _header(path)
-        with safe_open(str(path), framework="pt", device=str(device)) as f:
+        try:
+            handle = safe_open(str(path), framework="pt", device=str(device))
+        except Exception as e:  # safetensors' own error types on a header it rejects
+            raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
+        with handle as f:
             for name in f.keys():
                 if wmap is not None and wmap.get(name) != fname:
                     raise CheckpointError(

@@ -114,7 +114,9 @@ class ModelConfig:
         rope = d.get("rope_parameters") or {}
         rope_theta = float(rope.get("rope_theta", d.get("rope_theta", 10000.0)))
         scaling = d.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
-        partial = float(rope.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0)))
+        # Transformers' Qwen3NextConfig defaults partial_rotary_factor to 0.25 when the field is absent
+        partial = float(rope.get("partial_rotary_factor",
+                                 d.get("partial_rotary_factor", 0.25 if family == "qwen3_next" else 1.0)))
         sliding = d.get("sliding_window")
         if family == "qwen3" and not d.get("use_sliding_window", False) and not d.get("layer_types"):
             sliding = None
@@ -214,7 +216,8 @@ class ModelConfig:
             "torch_dtype": "float32",
         }
         if self.rope_scaling:
-            d["rope_parameters"] = {**self.rope_scaling, "rope_theta": self.rope_theta}
+            d["rope_parameters"] = {**self.rope_scaling, "rope_theta": self.rope_theta,
+                                    "partial_rotary_factor": self.partial_rotary_factor}
         if self.family == "llama":
             d["mlp_bias"] = self.mlp_bias
         if self.family in ("llama", "mistral"):  # their HF configs derive the layer pattern themselves

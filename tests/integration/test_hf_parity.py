@@ -63,9 +63,9 @@ HF_CONFIGS = {
     "mistral_sliding": lambda: MistralConfig(**DENSE, sliding_window=8),
     # Qwen3-Next hybrid: GDN + gated full attention, dense MLP everywhere; partial rotary 0.25
     "qwen3_next_hybrid": lambda: Qwen3NextConfig(
-        **{**DENSE, "num_hidden_layers": 3, "intermediate_size": 96},
-        layer_types=["linear_attention", "full_attention", "linear_attention"],
-        mlp_only_layers=[0, 1, 2], num_experts=0,
+        **DENSE,
+        layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+        mlp_only_layers=[0, 1, 2, 3], num_experts=0,
         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
         linear_conv_kernel_dim=4),
 }
@@ -222,6 +222,9 @@ def _engine_configs():
     llama3.rope_scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                            "original_max_position_embeddings": 16}
     cfgs["llama_rope_llama3"] = llama3
+    hybrid_llama3 = tiny_config("hybrid")  # partial rotary (0.5) together with rope scaling
+    hybrid_llama3.rope_scaling = dict(llama3.rope_scaling)
+    cfgs["hybrid_rope_llama3"] = hybrid_llama3
     return cfgs
 
 
@@ -259,5 +262,51 @@ def test_engine_checkpoint_loads_in_transformers(family, tmp_path):
     assert rel_err(out, ref) <= RTOL, f"{family}: rel err {rel_err(out, ref):.2e}"
     # and the engine reads its own folder back to the same model
     again = load_model(tmp_path)
-    assert again.cfg == cfg
+    assert again.cfg.to_hf() == written
+    assert again.cfg.rotary_dim == cfg.rotary_dim
+    assert torch.equal(again.inv_freq, cfg.inv_freq())
     assert torch.equal(again(ids).logits, out)
+
+
+# ---- config.json spellings of other writers ------------------------------------------------------
+
+def _legacy(d: dict, drop_partial: bool = False) -> dict:
+    """A transformers-4.x style config.json (as most published checkpoints are): top-level
+    rope_theta / partial_rotary_factor, scaling under 'rope_scaling', no 'rope_parameters'."""
+    d = dict(d)
+    rope = dict(d.pop("rope_parameters"))
+    d["rope_theta"] = rope.pop("rope_theta")
+    partial = rope.pop("partial_rotary_factor", None)
+    if partial is not None and not drop_partial:
+        d["partial_rotary_factor"] = partial
+    if rope.get("rope_type", "default") != "default":
+        d["rope_scaling"] = rope
+    return d
+
+
+@pytest.mark.parametrize("case,drop_partial", [("llama_rope_llama3", False), ("qwen3_next_hybrid", False),
+                                               ("qwen3_next_hybrid", True)])
+@torch.no_grad()
+def test_legacy_config_spelling_matches_transformers(case, drop_partial, tmp_path):
+    """Llama-3.1-style `rope_scaling` + top-level `rope_theta`; Qwen3-Next with top-level
+    `partial_rotary_factor`, or none (Transformers then uses 0.25)."""
+    torch.manual_seed(4321)
+    hf = AutoModelForCausalLM.from_config(HF_CONFIGS[case](), dtype=torch.float32).eval()
+    perturb_(hf, seed=7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf.save_pretrained(tmp_path)
+    cfg_path = tmp_path / "config.json"
+    legacy = _legacy(json.loads(cfg_path.read_text()), drop_partial)
+    assert "rope_parameters" not in legacy
+    cfg_path.write_text(json.dumps(legacy))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref_model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    eng = load_model(tmp_path)
+    assert ref_model.config.rope_parameters["rope_type"] == hf.config.rope_parameters["rope_type"]
+    assert eng.cfg.rotary_dim == int(16 * ref_model.config.rope_parameters.get("partial_rotary_factor", 1.0))
+    ids = prompt_ids(case, PROMPT_LEN, 5)
+    ref = ref_model(ids).logits
+    assert rel_err(ref, hf(ids).logits) <= RTOL  # the rewrite kept the model's meaning for Transformers
+    assert rel_err(eng(ids).logits, ref) <= RTOL
