@@ -1,0 +1,87 @@
+"""The `specpilot generate` contract other issues and users script against."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from specpilot.cli import main
+from specpilot.engine.checkpoint import save_model
+from specpilot.engine.drafters import save_drafter
+from specpilot.engine.synthetic import random_drafter_net, random_model, tiny_config
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    cfg = tiny_config("hybrid", vocab=97)
+    save_model(random_model(cfg, seed=2), root / "target")
+    save_drafter(random_drafter_net("block_markov", cfg, seed=3), root / "drafter")
+    wl = root / "w.jsonl"
+    wl.write_text("\n".join(json.dumps({"id": f"r{i}", "prompt_ids": list(range(1 + i, 9 + i)),
+                                        "max_new_tokens": 10 + i}) for i in range(3)) + "\n")
+    return root
+
+
+def run_json(capsys, *argv):
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("drafter", ["drafter", "ngram"])
+def test_generate_json_contract(ckpt, capsys, drafter):
+    common = ["generate", "--target", str(ckpt / "target"), "--workload", str(ckpt / "w.jsonl"),
+              "--dtype", "float64"]
+    d = str(ckpt / drafter) if drafter == "drafter" else "ngram"
+    ar = run_json(capsys, *common, "--mode", "ar")
+    ch = run_json(capsys, *common, "--mode", "chain", "--drafter", d, "--draft-len", "5")
+    for out in (ar, ch):
+        assert {"outputs", "tau_mean", "tokens_per_s", "steps"} <= out.keys()
+        assert [o["id"] for o in out["outputs"]] == ["r0", "r1", "r2"]
+        assert [len(o["tokens"]) for o in out["outputs"]] == [10, 11, 12]  # per-request max_new_tokens
+        assert all({"id", "tokens", "text"} <= o.keys() for o in out["outputs"])
+    assert [o["tokens"] for o in ch["outputs"]] == [o["tokens"] for o in ar["outputs"]]
+    assert ar["tau_mean"] == 1.0 and ch["tau_mean"] >= 1.0
+    assert ar["steps"] == sum(len(o["tokens"]) - 1 for o in ar["outputs"])
+
+
+def test_text_prompt_without_tokenizer_says_what_to_do(ckpt, capsys):
+    assert main(["generate", "--target", str(ckpt / "target"), "--mode", "ar", "--prompt", "def f("]) == 2
+    err = capsys.readouterr().err
+    assert "tokenizer.json" in err and "prompt_ids" in err
+
+
+def test_missing_target_folder(tmp_path, capsys):
+    assert main(["generate", "--target", str(tmp_path / "nope"), "--mode", "ar", "--prompt", "x"]) == 2
+    assert "nope" in capsys.readouterr().err
+
+
+def test_chain_without_drafter(ckpt, capsys):
+    assert main(["generate", "--target", str(ckpt / "target"), "--mode", "chain",
+                 "--workload", str(ckpt / "w.jsonl")]) == 2
+    assert "needs a drafter" in capsys.readouterr().err
+
+
+def test_malformed_workload_names_the_line(ckpt, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "prompt_ids": [1, 2]}\n{"id": "b", "prompt_ids": [1, -5]}\n')
+    assert main(["generate", "--target", str(ckpt / "target"), "--mode", "ar", "--workload", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "line 2" in err and "prompt_ids" in err
+
+
+def test_out_of_vocabulary_prompt_ids(ckpt, tmp_path, capsys):
+    bad = tmp_path / "oov.jsonl"
+    bad.write_text('{"id": "a", "prompt_ids": [1, 500]}\n')
+    assert main(["generate", "--target", str(ckpt / "target"), "--mode", "ar", "--workload", str(bad)]) == 2
+    assert "outside the vocabulary" in capsys.readouterr().err
+
+
+def test_console_script_runs(ckpt):
+    r = subprocess.run([sys.executable, "-m", "specpilot.cli", "generate", "--target", str(ckpt / "target"),
+                        "--mode", "ar", "--workload", str(ckpt / "w.jsonl"), "--max-new-tokens", "3", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["outputs"]) == 3

@@ -1,0 +1,102 @@
+"""Drafters load from their own checkpoint folders and produce well-formed lattices."""
+
+import json
+
+import pytest
+import torch
+
+from specpilot.engine.checkpoint import CheckpointError, save_model
+from specpilot.engine.decode import generate
+from specpilot.engine.drafters import (TOP_K, DraftLM, FeatureDrafter, Lattice, NgramDrafter, load_drafter,
+                                       save_drafter)
+from specpilot.engine.synthetic import random_drafter_net, random_model, tiny_config
+
+
+@pytest.fixture(scope="module")
+def target():
+    return random_model(tiny_config("qwen3", vocab=97), seed=11)
+
+
+def primed(drafter, target, prompt):
+    """Run the target over a prompt and feed the drafter as decoding would."""
+    out = target(torch.tensor([prompt]), feature_layers=drafter.target_layers)
+    newest = int(out.logits[0, -1].argmax())
+    drafter.reset(64)
+    drafter.observe(prompt, prompt[1:] + [newest], out.features[0] if out.features is not None else None)
+    return drafter
+
+
+@pytest.mark.parametrize("kind", ["sequential", "block", "block_markov"])
+def test_feature_drafter_round_trip_and_lattice(kind, target, tmp_path):
+    net = random_drafter_net(kind, target.cfg, seed=3, block=8)
+    save_drafter(net, tmp_path / kind)
+    cfg = json.loads((tmp_path / kind / "config.json").read_text())
+    assert cfg["drafter_kind"] == kind and cfg["architectures"] == ["SpecPilotDrafter"]
+    loaded = load_drafter(str(tmp_path / kind))
+    for a, b in zip(net.state_dict().values(), loaded.net.state_dict().values()):
+        assert torch.equal(a, b)
+    lat = primed(loaded, target, [5, 9, 2, 7, 1]).propose(8)
+    assert lat.tokens.shape == lat.logp.shape == (8, TOP_K)
+    assert torch.all(lat.logp[:, :-1] >= lat.logp[:, 1:])  # sorted, best first
+    assert torch.all(lat.logp.exp().sum(-1) <= 1 + 1e-9)  # log-probabilities of distinct tokens
+    assert len(lat.chain()) == 8
+    if kind == "block_markov":
+        assert lat.trans.shape == (7, TOP_K, TOP_K)
+        assert torch.all(lat.trans.exp().sum(-1) <= 1 + 1e-9)
+        # the score of a child depends on its parent: rows differ
+        assert not torch.allclose(lat.trans[:, 0], lat.trans[:, 1])
+    else:
+        assert lat.trans is None
+
+
+def test_sequential_drafter_conditions_on_its_own_tokens(target):
+    """Step i+1 of a sequential drafter depends on the token drafted at step i."""
+    d = primed(FeatureDrafter(random_drafter_net("sequential", target.cfg, seed=4)), target, [3, 4, 5])
+    lat = d.propose(4)
+    # re-running gives the same lattice: drafting rolled the drafter's cache back
+    assert torch.equal(lat.tokens, d.propose(4).tokens)
+    assert d.cache.length == 3
+
+
+def test_block_drafts_at_most_its_block(target):
+    d = primed(FeatureDrafter(random_drafter_net("block", target.cfg, seed=4, block=5)), target, [3, 4, 5])
+    assert d.propose(16).positions == 5
+
+
+def test_ngram_finds_the_latest_longest_match():
+    d = NgramDrafter(max_n=3)
+    d.reset(32)
+    d.observe([1, 2, 3, 9, 1, 2, 3, 8, 4, 1, 2], [0], None)  # history, then newest = 3 → suffix 1 2 3
+    d.newest = 3
+    assert d.propose(3).chain() == [8, 4, 1]
+    d.newest = 77  # nothing matches
+    assert d.propose(3).positions == 0
+
+
+def test_draft_lm_from_folder(target, tmp_path):
+    save_model(target, tmp_path / "lm")
+    d = load_drafter(str(tmp_path / "lm"))
+    assert isinstance(d, DraftLM)
+    # the target drafting for itself: every drafted token is accepted
+    res = generate(target, [1, 2, 3], 16, d, draft_len=4, eos=set())
+    assert [s.tau for s in res.steps] == [5, 5, 5]  # 1 token from prefill + 3 × 5
+
+
+def test_draft_lm_must_be_attention_only(tmp_path):
+    save_model(random_model(tiny_config("hybrid", vocab=97), seed=1), tmp_path / "h")
+    with pytest.raises(CheckpointError, match="attention-only"):
+        load_drafter(str(tmp_path / "h"))
+
+
+def test_bad_drafter_kind_is_named(target, tmp_path):
+    save_drafter(random_drafter_net("block", target.cfg, seed=1), tmp_path / "d")
+    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
+    cfg["drafter_kind"] = "medusa"
+    (tmp_path / "d" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="drafter_kind"):
+        load_drafter(str(tmp_path / "d"))
+
+
+def test_lattice_chain_stops_at_missing_candidates():
+    lat = Lattice(torch.tensor([[4, 1], [-1, -1], [6, 2]]), torch.zeros(3, 2))
+    assert lat.chain() == [4]
