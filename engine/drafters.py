@@ -116,18 +116,18 @@ class DraftConfig:
 
 
 class FeatureDrafterNet(nn.Module):
-    """The weights of the sequential / block / block+Markov drafters (one class, kind-dependent heads)."""
+    """The weights of the sequential / block / block+Markov drafters. Like EAGLE and DFlash heads
+    they read tokens through the target's embedding and score them with the target's LM head
+    (`emb`, `head` arguments), so a checkpoint holds only the drafter's own layers."""
 
     def __init__(self, cfg: DraftConfig):
         super().__init__()
         self.cfg, body = cfg, cfg.body()
         H = cfg.hidden_size
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, H)
         self.fc_feat = nn.Linear(len(cfg.target_layers) * cfg.target_hidden_size, H, bias=False)
         self.fc_in = nn.Linear(2 * H, H, bias=False)
         self.layers = nn.ModuleList(Block(body, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(H, cfg.vocab_size, bias=False)
         if cfg.kind in ("block", "block_markov"):
             self.mask_embedding = nn.Parameter(torch.zeros(H))
         if cfg.kind == "block_markov":
@@ -135,24 +135,27 @@ class FeatureDrafterNet(nn.Module):
             self.markov_out = nn.Linear(cfg.markov_rank, cfg.vocab_size, bias=False)
         self.register_buffer("inv_freq", body.inv_freq(), persistent=False)
 
-    def rows(self, next_tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """Input rows from (token at t+1, hidden at t); hidden is already H-wide."""
-        return self.fc_in(torch.cat((self.embed_tokens(next_tokens), hidden), dim=-1))
+    def rows(self, next_tokens: torch.Tensor, hidden: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        """Input rows from (token at t+1, H-wide hidden at t)."""
+        return self.fc_in(torch.cat((F.embedding(next_tokens, emb), hidden), dim=-1))
 
-    def forward(self, x: torch.Tensor, cache: Cache | None, tree_mask: torch.Tensor | None = None):
-        """x [B, T, H] input rows → (pre-norm hidden, logits)."""
+    def forward(self, x: torch.Tensor, head: torch.Tensor, cache: Cache | None = None,
+                positions: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None,
+                logits_from: int = 0):
+        """x [B, T, H] input rows → (pre-norm hidden, logits of rows logits_from..T-1)."""
         B, T, _ = x.shape
         start = cache.reserve(T) if cache is not None else 0
-        pos = torch.arange(start, start + T, device=x.device).expand(B, T)
+        if positions is None:
+            positions = torch.arange(start, start + T, device=x.device).expand(B, T)
         if tree_mask is None:
             tree_mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        rope = rope_tables(self.inv_freq, pos, x.dtype)
-        h, _ = run_layers(self.cfg.body(), self.layers, x, cache, start, pos, tree_mask, rope)
-        return h, self.lm_head(self.norm(h))
+        rope = rope_tables(self.inv_freq, positions, x.dtype)
+        h, _ = run_layers(self.cfg.body(), self.layers, x, cache, start, positions, tree_mask, rope)
+        return h, F.linear(self.norm(h[:, logits_from:]), head)
 
-    def markov_logits(self, base: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
-        """Logits of a position given each parent token: base [V] + low-rank parent term → [P, V]."""
-        return base[None, :] + self.markov_out(self.markov_in(self.embed_tokens(parents)))
+    def markov_logits(self, base: torch.Tensor, parents: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        """Logits of a position given each parent token: base [..., V] + a low-rank parent term."""
+        return base + self.markov_out(self.markov_in(F.embedding(parents, emb)))
 
 
 class Drafter:
@@ -172,23 +175,31 @@ class Drafter:
 
 
 class FeatureDrafter(Drafter):
-    def __init__(self, net: FeatureDrafterNet):
-        self.net, self.kind = net, net.cfg.kind
-        self.target_layers = tuple(net.cfg.target_layers)
-        self.block_size = net.cfg.block_size
+    def __init__(self, net: FeatureDrafterNet, target: Model):
+        c, t = net.cfg, target.cfg
+        if (c.vocab_size, c.hidden_size, c.target_hidden_size) != (t.vocab_size, t.hidden_size, t.hidden_size) \
+                or max(c.target_layers) >= t.num_hidden_layers:
+            raise CheckpointError(
+                f"drafter (vocab_size {c.vocab_size}, hidden_size {c.hidden_size}, target_hidden_size "
+                f"{c.target_hidden_size}, target_layers {c.target_layers}) does not fit this target (vocab_size "
+                f"{t.vocab_size}, hidden_size {t.hidden_size}, {t.num_hidden_layers} layers) — use the drafter "
+                "trained for this target")
+        self.net, self.kind = net, c.kind
+        self.emb, self.head = target.model.embed_tokens.weight, target.lm_head_weight
+        self.target_layers = tuple(c.target_layers)
+        self.block_size = c.block_size
         self.cache: Cache | None = None
 
     def reset(self, max_len: int) -> None:
-        self.cache = Cache(self.net.cfg.body(), 1, max_len + self.block_size + 2,
-                           self.net.lm_head.weight.device, self.net.lm_head.weight.dtype)
+        self.cache = Cache(self.net.cfg.body(), 1, max_len + self.block_size + 2, self.head.device, self.head.dtype)
         self.last_hidden = self.last_logits = None
         self.newest = None
 
     @torch.no_grad()
     def observe(self, committed, next_tokens, feats):
         x = self.net.rows(torch.tensor([next_tokens], device=feats.device),
-                          self.net.fc_feat(feats.to(self.net.lm_head.weight.dtype))[None])
-        h, logits = self.net(x, self.cache)
+                          self.net.fc_feat(feats.to(self.head.dtype))[None], self.emb)
+        h, logits = self.net(x, self.head, self.cache)
         self.cache.commit(len(next_tokens))
         self.last_hidden, self.last_logits = h[:, -1:], logits[0, -1]
         self.newest = next_tokens[-1]
@@ -206,7 +217,7 @@ class FeatureDrafter(Drafter):
         logits, hidden = [self.last_logits], self.last_hidden
         for _ in range(m - 1):
             tok = logits[-1].argmax().view(1, 1)
-            hidden, lg = self.net(self.net.rows(tok, hidden), self.cache)
+            hidden, lg = self.net(self.net.rows(tok, hidden, self.emb), self.head, self.cache)
             self.cache.commit(1)
             logits.append(lg[0, -1])
         self.cache.truncate(base)
@@ -215,24 +226,23 @@ class FeatureDrafter(Drafter):
     def _propose_block(self, m: int) -> Lattice:
         # the last context row predicts position 1; m-1 mask rows predict positions 2..m
         net, base = self.net, self.cache.length
+        logits = self.last_logits[None]
         if m > 1:
             x = net.mask_embedding.expand(1, m - 1, -1)
-            T = m - 1
-            _, lg = net(x, self.cache, tree_mask=torch.ones(T, T, dtype=torch.bool, device=x.device))
+            full = torch.ones(m - 1, m - 1, dtype=torch.bool, device=x.device)
+            _, lg = net(x, self.head, self.cache, tree_mask=full)
             self.cache.truncate(base)
-            logits = torch.cat((self.last_logits[None], lg[0]))
-        else:
-            logits = self.last_logits[None]
+            logits = torch.cat((logits, lg[0]))
         if self.kind == "block":
             return Lattice.from_logits(logits)
         # Markov head: position 1 is conditioned on the newest token; later positions keep the
         # marginal top-k as candidates and score each candidate under each parent candidate.
-        dev = logits.device
-        first = net.markov_logits(logits[0], torch.tensor([self.newest], device=dev))[0]
-        lat = Lattice.from_logits(torch.cat((first[None], logits[1:])))
+        newest = torch.tensor([self.newest], device=logits.device)
+        first = net.markov_logits(logits[0], newest, self.emb)
+        lat = Lattice.from_logits(torch.cat((first, logits[1:])))
         trans = []
         for i in range(1, m):
-            cond = F.log_softmax(net.markov_logits(logits[i], lat.tokens[i - 1]).double(), dim=-1)
+            cond = F.log_softmax(net.markov_logits(logits[i], lat.tokens[i - 1], self.emb).double(), dim=-1)
             trans.append(cond.gather(1, lat.tokens[i][None].expand(lat.tokens.shape[1], -1)))
         lat.trans = torch.stack(trans) if trans else None
         return lat
@@ -309,20 +319,25 @@ class DraftLM(Drafter):
         return Lattice.from_logits(torch.stack(rows))
 
 
-def load_drafter(spec: str, dtype: torch.dtype = torch.float32, device="cpu") -> Drafter:
-    """`ngram`, `ngram:N`, or a checkpoint folder (feature drafter or standalone draft LM)."""
+def load_drafter(spec: str, dtype: torch.dtype = torch.float32, device="cpu",
+                 target: Model | None = None) -> Drafter:
+    """`ngram`, `ngram:N`, or a checkpoint folder: a feature drafter (needs its target) or a
+    standalone draft LM."""
     if spec == "ngram" or spec.startswith("ngram:"):
         return NgramDrafter(max_n=int(spec.split(":")[1]) if ":" in spec else 4)
     folder = Path(spec)
     d = read_config(folder)
     if DRAFTER_ARCH not in (d.get("architectures") or []):
         return DraftLM(load_model(folder, dtype, device))
+    if target is None:
+        raise CheckpointError(f"{folder}: a {d.get('drafter_kind')} drafter runs on its target's features; "
+                              "load it together with the target")
     cfg = DraftConfig.from_hf(d, str(folder / "config.json"))
     with torch.device("meta"):
         net = FeatureDrafterNet(cfg)
     load_into(net, read_tensors(folder, device), folder, dtype)
     net.inv_freq = cfg.body().inv_freq().to(device)
-    return FeatureDrafter(net.eval())
+    return FeatureDrafter(net.eval(), target)
 
 
 def save_drafter(net: FeatureDrafterNet, folder, dtype: torch.dtype | None = None) -> None:

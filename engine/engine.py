@@ -62,7 +62,7 @@ class Engine:
         self.cfg = cfg
         dtype = DTYPES[cfg.dtype]
         self.target = load_model(cfg.target, dtype, cfg.device)
-        self.drafter = load_drafter(cfg.drafter, dtype, cfg.device) if cfg.mode != "ar" else None
+        self.drafter = load_drafter(cfg.drafter, dtype, cfg.device, self.target) if cfg.mode != "ar" else None
         self.tokenizer = load_tokenizer(cfg.target)
 
     def encode(self, req) -> list[int]:

@@ -85,12 +85,11 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, cfg.zero_centered_norm)
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, cfg.zero_centered_norm)
 
-    def visible(self, kpos: torch.Tensor, qpos: torch.Tensor) -> torch.Tensor:
-        """[Tq, Tk]: key position not after the query's, and inside the sliding window if any."""
-        ok = kpos[None, :] <= qpos[:, None]
-        if self.window:
-            ok &= kpos[None, :] > qpos[:, None] - self.window
-        return ok
+    def in_window(self, kpos: torch.Tensor, qpos: torch.Tensor) -> torch.Tensor:
+        """[Tq, Tk]: the key lies inside the query's sliding window (everything, without one)."""
+        if not self.window:
+            return torch.ones(len(qpos), len(kpos), dtype=torch.bool, device=qpos.device)
+        return kpos[None, :] > qpos[:, None] - self.window
 
     def forward(self, x, rope, pos, tree_mask, cache: Cache | None, start: int):
         B, T, _ = x.shape
@@ -111,15 +110,16 @@ class Attention(nn.Module):
             cache.k[self.layer].index_copy_(2, qpos, k)
             cache.v[self.layer].index_copy_(2, qpos, v)
             k, v = cache.k[self.layer], cache.v[self.layer]
-            mask = self.visible(torch.arange(k.shape[2], device=x.device), qpos)
-        else:  # new rows see each other by tree_mask, and every committed slot
-            mask = tree_mask & self.visible(qpos, qpos)
+            kpos = torch.arange(k.shape[2], device=x.device)
+            mask = (kpos[None, :] <= qpos[:, None]) & self.in_window(kpos, qpos)
+        else:  # new rows see each other by tree_mask (causal by default), and every committed slot
+            mask = tree_mask & self.in_window(qpos, qpos)
             if cache is not None:
                 cache.k[self.layer][:, :, start : start + T] = k
                 cache.v[self.layer][:, :, start : start + T] = v
                 k = cache.k[self.layer][:, :, : start + T]
                 v = cache.v[self.layer][:, :, : start + T]
-                mask = torch.cat((self.visible(torch.arange(start, device=x.device), qpos), mask), dim=1)
+                mask = torch.cat((self.in_window(torch.arange(start, device=x.device), qpos), mask), dim=1)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         o = o.transpose(1, 2).reshape(B, T, -1)
         if gate is not None:
@@ -157,8 +157,9 @@ class GatedDeltaNet(nn.Module):
         b, a = torch.split(self.in_proj_ba(x).view(B, T, nk, 2 * r), [r, r], dim=-1)
         return q, k, v.reshape(B, T, -1, dv), z.reshape(B, T, -1, dv), b.reshape(B, T, -1), a.reshape(B, T, -1)
 
-    def forward(self, x, h0: torch.Tensor, conv0: torch.Tensor):
-        """Returns (output, per-position states [B, T, H, Dk, Dv], conv inputs [B, C, K-1+T])."""
+    def forward(self, x, h0: torch.Tensor, conv0: torch.Tensor, snapshots: bool = True):
+        """Returns (output, states, conv inputs [B, C, K-1+T]); states are per position
+        [B, T, H, Dk, Dv] with snapshots, else the final state [B, H, Dk, Dv] (parallel form)."""
         c = self.cfg
         B, T, _ = x.shape
         q, k, v, z, b, a = self.split(x)
@@ -175,7 +176,7 @@ class GatedDeltaNet(nn.Module):
         k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
         beta = torch.sigmoid(b).to(sdt)
         g = -self.A_log.to(sdt).exp() * F.softplus(a.to(sdt) + self.dt_bias.to(sdt))
-        out, states = gated_delta_rule(q, k, v, g, beta, h0)
+        out, states = (gated_delta_rule if snapshots else chunked_gated_delta_rule)(q, k, v, g, beta, h0)
         out = self.norm(out.to(x.dtype), z)
         return self.out_proj(out.reshape(B, T, -1)), states, conv_in
 
@@ -214,7 +215,7 @@ def run_layers(cfg: ModelConfig, layers, x, cache: Cache | None, start: int, pos
                 h0 = y.new_zeros(B, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
                                  cfg.linear_value_head_dim, dtype=state_dtype(y.dtype))
                 conv0 = y.new_zeros(B, blk.linear_attn.conv_dim, cfg.linear_conv_kernel_dim - 1)
-            y, states, conv_in = blk.linear_attn(y, h0, conv0)
+            y, states, conv_in = blk.linear_attn(y, h0, conv0, snapshots=cache is not None)
             if cache is not None and cache.static:  # static caches commit every token in place
                 cache.h[i].copy_(states[:, -1])
                 cache.conv[i].copy_(conv_in[:, :, conv_in.shape[2] - conv0.shape[2]:])
@@ -227,6 +228,44 @@ def run_layers(cfg: ModelConfig, layers, x, cache: Cache | None, start: int, pos
         if i in feature_layers:
             feats[i] = x
     return x, (torch.cat([feats[i] for i in feature_layers], -1) if feature_layers else None)
+
+
+def chunked_gated_delta_rule(q, k, v, g, beta, h, chunk: int = 64):
+    """The same recurrence in parallel form (for training and cache-free passes), chunk by chunk.
+
+    Within a chunk, with G the cumulative log-decay from its start and h0 the state entering it,
+    the per-position updates u_i = β_i(v_i − e^{G_i} h0ᵀk_i − Σ_{j<i} e^{G_i−G_j}(k_jᵀk_i) u_j) solve a
+    unit lower-triangular system; then o_i = e^{G_i} h0ᵀq_i + Σ_{j≤i} e^{G_i−G_j}(k_jᵀq_i) u_j and
+    the state leaving it is e^{G_C} h0 + Σ_j e^{G_C−G_j} k_j u_jᵀ. Returns (outputs, final state).
+    """
+    B, T, H, Dk = k.shape
+    pad = (-T) % chunk
+    if pad:  # zero key, β and decay: padded positions leave the state untouched
+        q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, v))
+        g, beta = (F.pad(t, (0, 0, 0, pad)) for t in (g, beta))
+    n = (T + pad) // chunk
+    # [B, H, n, C, D] layout
+    q, k, v = (t.transpose(1, 2).reshape(B, H, n, chunk, -1) for t in (q, k, v))
+    g, beta = (t.transpose(1, 2).reshape(B, H, n, chunk) for t in (g, beta))
+    G = g.cumsum(-1)
+    diff = G[..., :, None] - G[..., None, :]  # G_i − G_j
+    lower = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    decay = torch.where(lower, diff, torch.full_like(diff, float("-inf"))).exp()  # e^{G_i−G_j}, j ≤ i
+    strict = decay * (~torch.eye(chunk, dtype=torch.bool, device=q.device))
+    A = beta[..., None] * strict * (k @ k.transpose(-1, -2))  # A_ij = β_i e^{G_i−G_j} k_iᵀk_j, j < i
+    eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
+    qk = decay * (q @ k.transpose(-1, -2))
+    outs = []
+    for c in range(n):
+        eg = G[:, :, c].exp()[..., None]  # [B, H, C, 1]
+        rhs = beta[:, :, c, :, None] * (v[:, :, c] - eg * (k[:, :, c] @ h))
+        u = torch.linalg.solve_triangular(eye + A[:, :, c], rhs, upper=False, unitriangular=True)
+        outs.append(eg * (q[:, :, c] @ h) + qk[:, :, c] @ u)
+        last = G[:, :, c, -1:]  # [B, H, 1]
+        w = (last - G[:, :, c]).exp()[..., None] * k[:, :, c]  # e^{G_C−G_j} k_j
+        h = last.exp()[..., None] * h + w.transpose(-1, -2) @ u
+    o = torch.stack(outs, 2).reshape(B, H, n * chunk, -1)[:, :, :T].transpose(1, 2)
+    return o, h
 
 
 class Block(nn.Module):

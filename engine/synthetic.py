@@ -76,15 +76,16 @@ def perturbed(model: Model, seed: int, noise: float) -> Model:
     return m
 
 
-def drafter_config(kind: str, target: ModelConfig, hidden: int = 32, layers: int = 1, block: int = 8,
-                   target_layers: list[int] | None = None) -> DraftConfig:
-    n = target.num_hidden_layers
+def drafter_config(kind: str, target: ModelConfig, layers: int = 1, block: int = 8,
+                   target_layers: list[int] | None = None, markov_rank: int = 8) -> DraftConfig:
+    """A drafter for `target`: its hidden size is the target's (it shares embedding and LM head)."""
+    n, hidden = target.num_hidden_layers, target.hidden_size
     return DraftConfig(
         kind=kind, vocab_size=target.vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
         target_hidden_size=target.hidden_size,
         target_layers=target_layers if target_layers is not None else sorted({0, n // 2, n - 1}),
-        block_size=block, markov_rank=8)
+        block_size=block, markov_rank=markov_rank)
 
 
 def random_drafter_net(kind: str, target: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32,

@@ -29,7 +29,7 @@ def micro_pair() -> tuple[Path, Path, bool]:
     if not (root / "drafter" / "config.json").is_file():
         cfg = tiny_config("llama", vocab=512, hidden=128, layers=4)
         save_model(random_model(cfg, seed=0), root / "target")
-        save_drafter(random_drafter_net("block", cfg, seed=1, hidden=64, block=8), root / "drafter")
+        save_drafter(random_drafter_net("block", cfg, seed=1, block=8), root / "drafter")
     return root / "target", root / "drafter", False
 
 

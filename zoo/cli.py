@@ -1,4 +1,7 @@
-"""`zoo` command group: `zoo workload {humaneval,stdlib} --out FILE [--limit N] [--json]`.
+"""`zoo` command group:
+  zoo workload {humaneval,stdlib} --out FILE [--limit N] [--json]
+  zoo build --preset micro|small [--out DIR] [--device cpu|cuda] [--json]
+  zoo list [--dir DIR ...] [--json]
 
 `register(subparsers)` adds the group to the main CLI's argparse subparsers; the parsed
 args carry `func=run`, and `run(args)` returns the exit status.
@@ -9,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from . import workloads
 
@@ -37,7 +41,55 @@ def register(subparsers) -> argparse.ArgumentParser:
                     help="keep only the first N requests")
     wl.add_argument("--json", action="store_true", help='print {"path": ..., "count": ...}')
     wl.set_defaults(func=run)
+
+    b = commands.add_parser("build", help="train a preset's targets and drafters (micro: CPU; small: one GPU)")
+    b.add_argument("--preset", required=True, choices=("micro", "small", "nano"))
+    b.add_argument("--out", metavar="DIR", help="output folder (default: the shipped checkpoints/PRESET)")
+    b.add_argument("--device", default="cpu", help="cpu or cuda")
+    b.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    b.set_defaults(func=run_build)
+
+    ls = commands.add_parser("list", help="the built models and their figures")
+    ls.add_argument("--dir", action="append", metavar="DIR", help="folders to search for zoo.json (repeatable)")
+    ls.add_argument("--json", action="store_true", help="print a JSON list")
+    ls.set_defaults(func=run_list)
     return zoo
+
+
+def run_build(args: argparse.Namespace) -> int:
+    from . import build
+
+    out = Path(args.out) if args.out else build.SHIPPED / args.preset
+    manifest = build.build(args.preset, out, args.device, log=(lambda *_: None) if args.json else print)
+    if args.json:
+        print(json.dumps(manifest))
+    return 0
+
+
+def _tau(t) -> str:
+    if not t:
+        return "-"
+    v = t.get("humaneval") if "humaneval" in t else t.get("ngram", {}).get("humaneval")
+    return f"{v:.2f}" if isinstance(v, float) else "-"
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from . import build
+
+    rows = build.list_models([Path(d) for d in args.dir] if args.dir else None)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    if not rows:
+        print("no built models found; build them with: specpilot zoo build --preset micro")
+        return 0
+    print(f"{'name':24s} {'role':8s} {'kind':13s} {'target':7s} {'params':>9s} {'loss':>6s} {'τ HE':>5s}  path")
+    for r in rows:
+        loss = f"{r['heldout_loss']:.3f}" if r["heldout_loss"] is not None else "-"
+        print(f"{r['name']:24s} {r['role']:8s} {r['kind']:13s} {r['target'] or '-':7s} {r['params']:9d} "
+              f"{loss:>6s} {_tau(r['tau']):>5s}  {r['path']}")
+    print("τ HE: tokens per target pass, stock chain, HumanEval prompts (a target's row: the n-gram drafter's)")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:

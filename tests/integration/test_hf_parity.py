@@ -71,6 +71,16 @@ HF_CONFIGS = {
 }
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """These models are tiny: one intra-op thread is fastest, and on a busy 2-core machine several
+    threads spin on each other (25-40x slower generation)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     assert out.shape == ref.shape, (out.shape, ref.shape)
     return float((out.double() - ref.double()).abs().max() / ref.double().abs().max())

@@ -32,7 +32,7 @@ def test_feature_drafter_round_trip_and_lattice(kind, target, tmp_path):
     save_drafter(net, tmp_path / kind)
     cfg = json.loads((tmp_path / kind / "config.json").read_text())
     assert cfg["drafter_kind"] == kind and cfg["architectures"] == ["SpecPilotDrafter"]
-    loaded = load_drafter(str(tmp_path / kind))
+    loaded = load_drafter(str(tmp_path / kind), target=target)
     for a, b in zip(net.state_dict().values(), loaded.net.state_dict().values()):
         assert torch.equal(a, b)
     lat = primed(loaded, target, [5, 9, 2, 7, 1]).propose(8)
@@ -51,7 +51,7 @@ def test_feature_drafter_round_trip_and_lattice(kind, target, tmp_path):
 
 def test_sequential_drafter_conditions_on_its_own_tokens(target):
     """Step i+1 of a sequential drafter depends on the token drafted at step i."""
-    d = primed(FeatureDrafter(random_drafter_net("sequential", target.cfg, seed=4)), target, [3, 4, 5])
+    d = primed(FeatureDrafter(random_drafter_net("sequential", target.cfg, seed=4), target), target, [3, 4, 5])
     lat = d.propose(4)
     # re-running gives the same lattice: drafting rolled the drafter's cache back
     assert torch.equal(lat.tokens, d.propose(4).tokens)
@@ -59,7 +59,7 @@ def test_sequential_drafter_conditions_on_its_own_tokens(target):
 
 
 def test_block_drafts_at_most_its_block(target):
-    d = primed(FeatureDrafter(random_drafter_net("block", target.cfg, seed=4, block=5)), target, [3, 4, 5])
+    d = primed(FeatureDrafter(random_drafter_net("block", target.cfg, seed=4, block=5), target), target, [3, 4, 5])
     assert d.propose(16).positions == 5
 
 
@@ -94,9 +94,18 @@ def test_bad_drafter_kind_is_named(target, tmp_path):
     cfg["drafter_kind"] = "medusa"
     (tmp_path / "d" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="drafter_kind"):
-        load_drafter(str(tmp_path / "d"))
+        load_drafter(str(tmp_path / "d"), target=target)
 
 
 def test_lattice_chain_stops_at_missing_candidates():
     lat = Lattice(torch.tensor([[4, 1], [-1, -1], [6, 2]]), torch.zeros(3, 2))
     assert lat.chain() == [4]
+
+
+def test_feature_drafter_needs_its_target(target, tmp_path):
+    save_drafter(random_drafter_net("block", target.cfg, seed=1), tmp_path / "d")
+    with pytest.raises(CheckpointError, match="together with the target"):
+        load_drafter(str(tmp_path / "d"))
+    other = random_model(tiny_config("qwen3", vocab=97, hidden=32), seed=1)
+    with pytest.raises(CheckpointError, match="does not fit this target"):
+        load_drafter(str(tmp_path / "d"), target=other)

@@ -26,7 +26,7 @@ def make_drafter(kind: str, family: str, seed: int):
         # a draft LM must be attention-only: hybrids get a dense model of the same vocabulary
         base = tgt if not tgt.cfg.is_hybrid else target("llama", seed)
         return DraftLM(base if kind == "draft_lm_self" else perturbed(base, seed + 1, 0.3))
-    return FeatureDrafter(random_drafter_net(kind, tgt.cfg, seed=seed + 7, dtype=torch.float64, block=6))
+    return FeatureDrafter(random_drafter_net(kind, tgt.cfg, seed=seed + 7, dtype=torch.float64, block=6), tgt)
 
 
 @settings(max_examples=60, deadline=None)

@@ -1,0 +1,104 @@
+"""Drafter training sees exactly the rows the engine drafts with (train/inference consistency), and
+the training masks mean what their docstrings say."""
+
+import torch
+
+from specpilot.engine.drafters import FeatureDrafter
+from specpilot.engine.synthetic import random_drafter_net, random_model, tiny_config
+from specpilot.zoo import train
+
+TARGET = random_model(tiny_config("qwen3", vocab=61), seed=3, dtype=torch.float64)
+
+
+def features(seq):
+    out = TARGET(torch.tensor([seq]), feature_layers=(0, 2, 3))
+    return out.features[0]
+
+
+def net(kind, block=6):
+    return random_drafter_net(kind, TARGET.cfg, seed=9, dtype=torch.float64, block=block,
+                              target_layers=[0, 2, 3])
+
+
+def primed(n, seq, p):
+    """A FeatureDrafter that has observed the committed prefix seq[:p+1] with newest seq[p+1]."""
+    d = FeatureDrafter(n, TARGET)
+    d.reset(64)
+    d.observe(seq[: p + 1], seq[1 : p + 2], features(seq[: p + 1]))
+    return d
+
+
+def test_block_training_rows_equal_inference():
+    n, m, p = net("block_markov"), 6, 9
+    seq = [int(t) for t in torch.randint(1, 61, (20,), generator=torch.Generator().manual_seed(1))]
+    emb, head = TARGET.model.embed_tokens.weight, TARGET.lm_head_weight
+    ctx = len(seq) - 2
+    rows = n.rows(torch.tensor([seq[1 : ctx + 1]]), n.fc_feat(features(seq)[:ctx])[None], emb)
+    mask, pos = train.block_mask(ctx, [p], m, "cpu")
+    x = torch.cat((rows, n.mask_embedding.expand(1, m - 1, -1)), 1)
+    _, logits = n(x, head, positions=pos[None], tree_mask=mask)
+    train_logits = torch.cat((logits[0, p : p + 1], logits[0, ctx:]))  # context row p, then mask rows
+
+    lat = primed(n, seq, p).propose(m)
+    # block positions 2..m are the marginal logits; position 1 is Markov-conditioned on the newest token
+    ref = torch.log_softmax(train_logits, -1)
+    first = torch.log_softmax(n.markov_logits(train_logits[0], torch.tensor([seq[p + 1]]), emb), -1)[0]
+    ref[0] = first
+    top = ref.topk(16, dim=-1)
+    assert torch.equal(lat.tokens, top.indices)
+    torch.testing.assert_close(lat.logp, top.values, rtol=1e-9, atol=1e-9)
+
+
+def test_sequential_unrolled_rows_equal_inference():
+    n, p, steps = net("sequential"), 7, 3
+    emb, head = TARGET.model.embed_tokens.weight, TARGET.lm_head_weight
+    seq = [int(t) for t in torch.randint(1, 61, (16,), generator=torch.Generator().manual_seed(2))]
+    # make the drafted tokens the drafter's own argmaxes, as they are at inference
+    d = primed(n, seq, p)
+    lat = d.propose(steps)
+    seq[p + 2 : p + 2 + steps - 1] = lat.chain()[: steps - 1]
+    lat = primed(n, seq, p).propose(steps)
+    ctx = len(seq) - 2
+    x = n.rows(torch.tensor([seq[1 : ctx + 1]]), n.fc_feat(features(seq)[:ctx])[None], emb)
+    got = []
+    hidden = None
+    for s in range(1, steps + 1):
+        if s > 1:
+            prev = torch.cat((torch.zeros_like(hidden[:, :1]), hidden[:, :-1]), 1)
+            x = torch.cat((x, n.rows(torch.tensor([seq[1 : ctx + 1]]), prev, emb)), 1)
+        h, logits = n(x, head, positions=torch.arange(ctx).repeat(s)[None], tree_mask=train.unroll_mask(ctx, s, "cpu"))
+        hidden = h[:, -ctx:]
+        got.append(logits[0, -ctx:][p + s - 1])  # step s drafts position s from the row at p+s-1
+    ref = torch.log_softmax(torch.stack(got), -1).topk(16, dim=-1)
+    assert torch.equal(lat.tokens, ref.indices)
+    torch.testing.assert_close(lat.logp, ref.values, rtol=1e-9, atol=1e-9)
+
+
+def test_unroll_mask_by_definition():
+    T, S = 6, 3
+    mask = train.unroll_mask(T, S, "cpu")
+    for s in range(1, S + 1):
+        for t in range(T):
+            for u in range(1, S + 1):
+                for t2 in range(T):
+                    want = (t2 <= t - s + 1) if u == 1 else (u <= s and t2 == t - s + u)
+                    assert bool(mask[(s - 1) * T + t, (u - 1) * T + t2]) == want
+
+
+def test_block_mask_by_definition():
+    mask, pos = train.block_mask(8, [2, 5], 4, "cpu")
+    assert pos.tolist() == list(range(8)) + [3, 4, 5] + [6, 7, 8]
+    assert torch.equal(mask[:8, :8], torch.ones(8, 8, dtype=torch.bool).tril())
+    assert not mask[:8, 8:].any()  # context rows never see mask rows
+    assert mask[8:11, :3].all() and not mask[8:11, 3:8].any() and mask[8:11, 8:11].all()
+    assert mask[11:, :6].all() and not mask[11:, 6:8].any() and not mask[11:, 8:11].any()
+
+
+def test_training_is_deterministic():
+    def once():
+        m = random_model(tiny_config("llama", vocab=61, hidden=32, layers=2), seed=0)
+        stream = torch.randint(0, 61, (500,), generator=torch.Generator().manual_seed(0))
+        loss = train.train_lm(m, stream, steps=5, batch=2, seq=16, lr=1e-3, seed=4, desc="t", log=None)
+        return loss, [p.detach().clone() for p in m.parameters()]
+    (l1, p1), (l2, p2) = once(), once()
+    assert l1 == l2 and all(torch.equal(a, b) for a, b in zip(p1, p2))

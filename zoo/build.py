@@ -1,0 +1,241 @@
+"""Recipes and the build: tokenizer → dense and hybrid targets → distillation data → drafters of
+every kind → τ on held-out prompts → checkpoint folders + a `zoo.json` manifest.
+
+`micro` builds on 2 CPU cores and ships in the repository; `small` trains on one GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specpilot.engine.checkpoint import save_model
+from specpilot.engine.config import ModelConfig
+from specpilot.engine.decode import generate
+from specpilot.engine.drafters import DraftConfig, DraftLM, FeatureDrafter, NgramDrafter, save_drafter
+from specpilot.engine.model import Model
+from specpilot.engine.synthetic import randomize
+
+from . import corpus as corpus_mod
+from . import tokenizer as tok_mod
+from . import train, workloads
+
+SHIPPED = Path(__file__).resolve().parent / "checkpoints"
+KINDS = ("sequential", "block", "block_markov")
+
+
+@dataclass(frozen=True)
+class Shape:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    inter: int
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    vocab: int
+    target: Shape
+    draft_lm: Shape
+    target_steps: int
+    target_batch: int
+    seq: int
+    target_lr: float
+    distill_seqs: int
+    prompt_len: int
+    gen_len: int
+    drafter_steps: int
+    drafter_batch: int
+    drafter_lr: float
+    block: int = 16
+    markov_rank: int = 32
+    draft_lm_steps: int = 300
+    eval_prompts: int = 8
+    eval_new_tokens: int = 64
+    store_dtype: str = "bfloat16"
+    seed: int = 0
+    corpus_bytes: int | None = None  # cap per split (tests); None = the whole standard library
+
+
+PRESETS = {
+    "micro": Recipe("micro", vocab=4096, target=Shape(128, 4, 4, 2, 384), draft_lm=Shape(64, 2, 4, 2, 192),
+                    target_steps=500, target_batch=16, seq=128, target_lr=3e-3,
+                    distill_seqs=768, prompt_len=32, gen_len=128,
+                    drafter_steps=300, drafter_batch=16, drafter_lr=2e-3, draft_lm_steps=300),
+    "small": Recipe("small", vocab=8192, target=Shape(512, 8, 8, 4, 1536), draft_lm=Shape(192, 2, 4, 2, 512),
+                    target_steps=1500, target_batch=32, seq=256, target_lr=1.5e-3,
+                    distill_seqs=4096, prompt_len=64, gen_len=192,
+                    drafter_steps=1200, drafter_batch=32, drafter_lr=1e-3, draft_lm_steps=1200,
+                    eval_prompts=16, eval_new_tokens=128, markov_rank=64),
+    # a seconds-long build of the whole pipeline for the test suite
+    "nano": Recipe("nano", vocab=300, target=Shape(32, 2, 2, 1, 64), draft_lm=Shape(32, 1, 2, 1, 64),
+                   target_steps=12, target_batch=4, seq=32, target_lr=3e-3,
+                   distill_seqs=16, prompt_len=8, gen_len=24, drafter_steps=6, drafter_batch=4,
+                   drafter_lr=2e-3, draft_lm_steps=6, eval_prompts=2, eval_new_tokens=12, block=8,
+                   markov_rank=4, store_dtype="float32", corpus_bytes=300_000),
+}
+
+
+def target_config(r: Recipe, hybrid: bool) -> ModelConfig:
+    s = r.target
+    n = s.layers
+    layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n)] if hybrid \
+        else ["full_attention"] * n
+    hd = s.hidden // s.heads
+    return ModelConfig(
+        family="qwen3_next" if hybrid else "qwen3", vocab_size=r.vocab, hidden_size=s.hidden,
+        intermediate_size=s.inter, num_hidden_layers=n, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
+        head_dim=hd, layer_types=layer_types, tie_word_embeddings=True, max_position_embeddings=4096,
+        partial_rotary_factor=0.25 if hybrid else 1.0, eos_token_id=[0], bos_token_id=None,
+        linear_num_key_heads=s.heads // 2 if hybrid else 0, linear_num_value_heads=s.heads if hybrid else 0,
+        linear_key_head_dim=hd if hybrid else 0, linear_value_head_dim=hd if hybrid else 0)
+
+
+def draft_lm_config(r: Recipe) -> ModelConfig:
+    s = r.draft_lm
+    return ModelConfig(
+        family="llama", vocab_size=r.vocab, hidden_size=s.hidden, intermediate_size=s.inter,
+        num_hidden_layers=s.layers, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
+        head_dim=s.hidden // s.heads, layer_types=["full_attention"] * s.layers, tie_word_embeddings=True,
+        max_position_embeddings=4096, eos_token_id=[0], bos_token_id=None)
+
+
+def drafter_config(r: Recipe, kind: str, target: ModelConfig) -> DraftConfig:
+    n = target.num_hidden_layers
+    return DraftConfig(
+        kind=kind, vocab_size=r.vocab, hidden_size=target.hidden_size, intermediate_size=2 * target.hidden_size,
+        num_hidden_layers=1, num_attention_heads=target.num_attention_heads,
+        num_key_value_heads=target.num_key_value_heads, head_dim=target.head_dim,
+        target_hidden_size=target.hidden_size, target_layers=sorted({0, n // 2, n - 1}),
+        block_size=r.block, markov_rank=r.markov_rank)
+
+
+def params(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def encode_docs(tok, docs) -> torch.Tensor:
+    ids = []
+    for d in docs:
+        ids += tok_mod.encode(tok, d.text) + [0]
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def eval_prompts(r: Recipe, tok) -> dict[str, list[list[int]]]:
+    """HumanEval prompts and held-out standard-library completion prompts, as token ids."""
+    return {"humaneval": [tok_mod.encode(tok, q.prompt) for q in workloads.humaneval(limit=r.eval_prompts)],
+            "stdlib": [tok_mod.encode(tok, q.prompt) for q in workloads.stdlib_completion(limit=r.eval_prompts)]}
+
+
+def measure_tau(target: Model, drafter, prompts: list[list[int]], new: int, draft_len: int) -> float:
+    steps = []
+    for p in prompts:
+        steps += generate(target, p[-512:], new, drafter, draft_len=draft_len).steps
+    return sum(s.tau for s in steps) / max(1, len(steps))
+
+
+def build(preset: str, out: Path, device: str = "cpu", log=print) -> dict:
+    """Build every model of a preset into `out`; returns (and writes) the manifest."""
+    r = PRESETS[preset]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(r.seed)
+    t_all = time.perf_counter()
+    timings: dict[str, float] = {}
+    corpus = corpus_mod.load_corpus(max_bytes=r.corpus_bytes)
+    log(f"corpus: {len(corpus.train)} train / {len(corpus.heldout)} held-out files, sha256 {corpus.sha256[:12]}")
+    tok, timings["tokenizer_s"] = train.timed(tok_mod.train_tokenizer, [d.text for d in corpus.train], r.vocab)
+    train_ids, held_ids = encode_docs(tok, corpus.train), encode_docs(tok, corpus.heldout)
+    log(f"tokenizer: vocab {tok.get_vocab_size()}, {len(train_ids)} train / {len(held_ids)} held-out tokens")
+    prompts = eval_prompts(r, tok)
+    sdt = getattr(torch, r.store_dtype)
+    models = []
+
+    for role, hybrid in (("dense", False), ("hybrid", True)):
+        cfg = target_config(r, hybrid)
+        target = randomize(Model(cfg), r.seed + 1).to(device)
+        t = time.perf_counter()
+        train.train_lm(target, train_ids, r.target_steps, r.target_batch, r.seq, r.target_lr, r.seed + 2,
+                       f"{role} target", log, device)
+        timings[f"{role}_target_s"] = time.perf_counter() - t
+        loss = train.heldout_loss(target, held_ids, r.seq, 64, r.seed + 3, device)
+        log(f"  {role} target: {params(target) / 1e6:.2f} M parameters, held-out loss {loss:.3f}")
+        save_model(target, out / role, dtype=sdt)
+        tok_mod.save(tok, out / role)
+        target = target.to(sdt).float() if r.store_dtype != "float32" else target  # what users will load
+        entry = {"name": role, "path": role, "role": "target", "kind": cfg.family, "target": None,
+                 "params": params(target), "heldout_loss": loss, "tau": None}
+        models.append(entry)
+
+        # distillation data: the target's greedy continuations of corpus prompts
+        t = time.perf_counter()
+        gen = torch.Generator().manual_seed(r.seed + 4)
+        seqs = train.greedy_continuations(target, train.windows(train_ids, r.distill_seqs, r.prompt_len, gen)
+                                          .to(device), r.gen_len)
+        layers = tuple(drafter_config(r, "block", cfg).target_layers)
+        feats = train.target_features(target, seqs, layers)
+        timings[f"{role}_distill_data_s"] = time.perf_counter() - t
+
+        taus = {"ngram": {k: measure_tau(target, NgramDrafter(), p, r.eval_new_tokens, r.block)
+                          for k, p in prompts.items()}}
+        for kind in KINDS:
+            t = time.perf_counter()
+            net = train.train_drafter(drafter_config(r, kind, cfg), target, seqs, feats, r.prompt_len,
+                                      r.drafter_steps, r.drafter_batch, r.drafter_lr, r.seed + 5,
+                                      f"{role} {kind} drafter", log)
+            timings[f"{role}_{kind}_s"] = time.perf_counter() - t
+            name = f"{role}-{kind.replace('_', '-')}"
+            save_drafter(net, out / name, dtype=sdt)
+            net = net.to(sdt).float() if r.store_dtype != "float32" else net
+            taus[kind] = {k: measure_tau(target, FeatureDrafter(net, target), p, r.eval_new_tokens, r.block)
+                          for k, p in prompts.items()}
+            models.append({"name": name, "path": name, "role": "drafter", "kind": kind, "target": role,
+                           "params": params(net), "heldout_loss": None, "tau": taus[kind]})
+
+        # the classic standalone draft model, trained on the same greedy continuations
+        t = time.perf_counter()
+        lm = randomize(Model(draft_lm_config(r)), r.seed + 6).to(device)
+        flat = seqs.flatten()
+        train.train_lm(lm, flat, r.draft_lm_steps, r.target_batch, r.seq, r.target_lr, r.seed + 7,
+                       f"{role} draft LM", log, device)
+        timings[f"{role}_draft_lm_s"] = time.perf_counter() - t
+        name = f"{role}-draft-lm"
+        lm_loss = train.heldout_loss(lm, held_ids, r.seq, 64, r.seed + 3, device)
+        save_model(lm, out / name, dtype=sdt)
+        tok_mod.save(tok, out / name)
+        lm = lm.to(sdt).float() if r.store_dtype != "float32" else lm
+        taus["draft_lm"] = {k: measure_tau(target, DraftLM(lm), p, r.eval_new_tokens, r.block)
+                            for k, p in prompts.items()}
+        models.append({"name": name, "path": name, "role": "drafter", "kind": "draft_lm", "target": role,
+                       "params": params(lm), "heldout_loss": lm_loss, "tau": taus["draft_lm"]})
+        entry["tau"] = {"ngram": taus["ngram"]}
+        for kind, v in taus.items():
+            log(f"  τ with {role} {kind:13s} humaneval {v['humaneval']:.2f}  stdlib {v['stdlib']:.2f}")
+
+    timings["total_s"] = time.perf_counter() - t_all
+    manifest = {"preset": preset, "recipe": dataclasses.asdict(r), "seed": r.seed, "corpus_sha256": corpus.sha256,
+                "python_version": corpus.python_version, "device": device, "torch": torch.__version__,
+                "tau_measure": {"mode": "chain", "draft_len": r.block, "prompts": r.eval_prompts,
+                                "new_tokens": r.eval_new_tokens, "dtype": "float32"},
+                "timings": timings, "models": models}
+    (out / "zoo.json").write_text(json.dumps(manifest, indent=1))
+    log(f"built {len(models)} models into {out} in {timings['total_s']:.0f} s")
+    return manifest
+
+
+def list_models(roots: list[Path] | None = None) -> list[dict]:
+    """Every model of every manifest found under the roots (default: the shipped checkpoints)."""
+    rows = []
+    for root in roots or [SHIPPED]:
+        for manifest in sorted(Path(root).glob("**/zoo.json")):
+            m = json.loads(manifest.read_text())
+            for e in m["models"]:
+                rows.append({**e, "path": str(manifest.parent / e["path"]), "preset": m["preset"]})
+    return rows

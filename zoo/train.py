@@ -1,0 +1,225 @@
+"""Training the zoo: targets on the standard-library corpus, drafters by distillation.
+
+Drafters learn from the frozen target: its hidden features and its greedy continuations of corpus
+prompts (so every label is a token the target itself would emit under greedy decoding), in the
+same row layout the engine drafts with (engine/drafters.py):
+
+- context row t = (target features at t, embedding of the token at t+1), predicting token t+2;
+- `block` / `block_markov`: per anchor p, mask rows at positions p+1..p+m-1 that see the context
+  rows ≤ p and each other; row at position t predicts token t+2;
+- `sequential`: EAGLE-3's training-time test — unrolled steps in which a row takes the drafter's
+  own hidden state of the previous position in place of the target's features;
+- Markov head: the same rows, conditioned on the token right before the predicted one.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from specpilot.engine.drafters import DraftConfig, FeatureDrafterNet
+from specpilot.engine.model import Model
+from specpilot.engine.synthetic import randomize
+
+Log = Callable[[str], None]
+
+
+def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
+    """Linear warm-up, then cosine decay to a tenth of the peak."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def fit(params, steps: int, lr: float, loss_fn: Callable[[int], torch.Tensor], desc: str, log: Log | None,
+        progress: bool = True) -> float:
+    """AdamW with warm-up and cosine decay; returns the mean loss of the last 10 % of steps."""
+    params = [p for p in params if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+    warmup, tail = max(1, steps // 20), []
+    bar = tqdm(range(steps), desc=desc, unit="step", disable=not progress, leave=False)
+    for step in bar:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, lr, warmup)
+        loss = loss_fn(step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        v = float(loss.detach())
+        if step >= steps - max(1, steps // 10):
+            tail.append(v)
+        if step % 10 == 0:
+            bar.set_postfix(loss=f"{v:.3f}")
+    final = sum(tail) / len(tail)
+    if log:
+        log(f"  {desc}: {steps} steps, final loss {final:.3f}")
+    return final
+
+
+def windows(stream: torch.Tensor, n: int, length: int, gen: torch.Generator) -> torch.Tensor:
+    starts = torch.randint(0, len(stream) - length - 1, (n,), generator=gen)
+    return torch.stack([stream[s : s + length] for s in starts.tolist()])
+
+
+# ---- targets --------------------------------------------------------------------------------
+def train_lm(model: Model, stream: torch.Tensor, steps: int, batch: int, seq: int, lr: float, seed: int,
+             desc: str, log: Log | None, device="cpu") -> float:
+    gen = torch.Generator().manual_seed(seed)
+    model.train()
+
+    def loss_fn(step):
+        x = windows(stream, batch, seq + 1, gen).to(device)
+        logits = model(x[:, :-1]).logits
+        return F.cross_entropy(logits.flatten(0, 1).float(), x[:, 1:].flatten())
+
+    out = fit(model.parameters(), steps, lr, loss_fn, desc, log)
+    model.eval()
+    return out
+
+
+@torch.no_grad()
+def heldout_loss(model: Model, stream: torch.Tensor, seq: int, n: int, seed: int, device="cpu") -> float:
+    x = windows(stream, n, seq + 1, torch.Generator().manual_seed(seed)).to(device)
+    losses = [F.cross_entropy(model(c[:, :-1]).logits.flatten(0, 1).float(), c[:, 1:].flatten())
+              for c in x.split(16)]
+    return float(torch.stack(losses).mean())
+
+
+# ---- distillation data ----------------------------------------------------------------------
+@torch.no_grad()
+def greedy_continuations(model: Model, prompts: torch.Tensor, new: int, batch: int = 128) -> torch.Tensor:
+    """[N, P] prompts → [N, P + new]: the target's own greedy continuations (batched, cached)."""
+    outs = []
+    for chunk in prompts.split(batch):
+        cache = model.new_cache(chunk.shape[1] + new, batch=chunk.shape[0])
+        logits = model(chunk, cache).logits[:, -1]
+        cache.commit(chunk.shape[1])
+        seq = [chunk]
+        for _ in range(new):
+            nxt = logits.argmax(-1, keepdim=True)
+            seq.append(nxt)
+            logits = model(nxt, cache).logits[:, -1]
+            cache.commit(1)
+        outs.append(torch.cat(seq, 1))
+    return torch.cat(outs)
+
+
+@torch.no_grad()
+def target_features(model: Model, seqs: torch.Tensor, layers: tuple[int, ...], batch: int = 64) -> torch.Tensor:
+    return torch.cat([model(c, feature_layers=layers, logits=False).features.float() for c in seqs.split(batch)])
+
+
+# ---- drafters -------------------------------------------------------------------------------
+def position_weights(n: int, gamma: float = 8.0, device="cpu") -> torch.Tensor:
+    """Earlier drafted positions matter more for acceptance (every later one needs them)."""
+    return torch.exp(-torch.arange(n, device=device, dtype=torch.float32) / gamma)
+
+
+def block_mask(ctx: int, anchors: list[int], m: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows: ctx context rows (positions 0..ctx-1, causal), then m-1 mask rows per anchor p
+    (positions p+1..p+m-1) that see context rows ≤ p and their own block. → (mask, positions)."""
+    n = ctx + len(anchors) * (m - 1)
+    mask = torch.zeros(n, n, dtype=torch.bool, device=device)
+    mask[:ctx, :ctx] = torch.ones(ctx, ctx, dtype=torch.bool, device=device).tril()
+    pos = [torch.arange(ctx, device=device)]
+    for k, p in enumerate(anchors):
+        r = slice(ctx + k * (m - 1), ctx + (k + 1) * (m - 1))
+        mask[r, : p + 1] = True
+        mask[r, r] = True
+        pos.append(torch.arange(p + 1, p + m, device=device))
+    return mask, torch.cat(pos)
+
+
+def unroll_mask(T: int, steps: int, device) -> torch.Tensor:
+    """EAGLE-3 training-time test over `steps` copies of T rows: the row of step s at position t
+    sees step-1 rows at positions ≤ t-s+1 and the row of step u (2 ≤ u ≤ s) at position t-s+u."""
+    n = T * steps
+    mask = torch.zeros(n, n, dtype=torch.bool, device=device)
+    t = torch.arange(T, device=device)
+    for s in range(1, steps + 1):
+        rows = (s - 1) * T + t
+        mask[rows[:, None], t[None, :]] = t[None, :] <= (t[:, None] - s + 1)
+        for u in range(2, s + 1):
+            src = t - s + u
+            ok = src >= 0
+            mask[rows[ok], (u - 1) * T + src[ok]] = True
+    return mask
+
+
+def drafter_loss(net: FeatureDrafterNet, emb: torch.Tensor, head: torch.Tensor, seqs: torch.Tensor,
+                 feats: torch.Tensor, start: int, gen: torch.Generator, anchors: int = 4, unroll: int = 3):
+    """Mean weighted cross-entropy of one batch. seqs [B, L] tokens, feats [B, L, F] target features;
+    only rows predicting tokens at index ≥ start (the target's greedy region) count."""
+    B, L = seqs.shape
+    dev = seqs.device
+    ctx = L - 2  # context rows t = 0..L-3 predict token t+2 ≤ L-1
+    rows_in = net.rows(seqs[:, 1 : ctx + 1], net.fc_feat(feats[:, :ctx].to(emb.dtype)), emb)
+    labels_ctx = seqs[:, 2 : ctx + 2]
+    valid_ctx = torch.arange(ctx, device=dev) + 2 >= start
+    kind, m = net.cfg.kind, net.cfg.block_size
+    terms = []
+
+    def ce(logits, labels, weight):
+        l = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), reduction="none").view(labels.shape)
+        return (l * weight).sum() / weight.sum().clamp_min(1e-9)
+
+    if kind == "sequential":
+        x, hidden = rows_in, None
+        for s in range(1, unroll + 1):
+            if s > 1:  # the drafter's own hidden state of the previous position replaces the features
+                prev = torch.cat((torch.zeros_like(hidden[:, :1]), hidden[:, :-1]), 1)
+                x = torch.cat((x, net.rows(seqs[:, 1 : ctx + 1], prev, emb)), 1)
+            mask = unroll_mask(ctx, s, dev)
+            pos = torch.arange(ctx, device=dev).repeat(s).expand(B, -1)
+            h, logits = net(x, head, positions=pos, tree_mask=mask, logits_from=(s - 1) * ctx)
+            hidden = h[:, -ctx:]
+            valid = valid_ctx & (torch.arange(ctx, device=dev) >= s - 1)
+            terms.append(ce(logits, labels_ctx, valid.float().expand(B, -1)) * position_weights(unroll)[s - 1])
+        return sum(terms) / position_weights(unroll).sum()
+
+    # block kinds: anchors p (last committed position) inside the greedy region
+    lo, hi = max(start - 2, 0), L - m - 2
+    picks = torch.randint(lo, hi + 1, (anchors,), generator=gen).tolist()
+    mask, pos = block_mask(ctx, picks, m, dev)
+    x = torch.cat((rows_in, net.mask_embedding.expand(B, len(picks) * (m - 1), -1)), 1)
+    h, logits = net(x, head, positions=pos.expand(B, -1), tree_mask=mask)
+    lab = torch.cat([labels_ctx] + [seqs[:, p + 3 : p + m + 2] for p in picks], 1)  # row at t → token t+2
+    w_block = position_weights(m, device=dev)[1:]  # mask row j is drafted position j+1
+    weight = torch.cat([valid_ctx.float()] + [w_block] * len(picks)).expand(B, -1)
+    loss = ce(logits, lab, weight)
+    if kind == "block_markov":  # parent = the token right before the predicted one (t+1)
+        parents = torch.cat([seqs[:, 1 : ctx + 1]] + [seqs[:, p + 2 : p + m + 1] for p in picks], 1)
+        loss = 0.5 * loss + 0.5 * ce(net.markov_logits(logits, parents, emb), lab, weight)
+    return loss
+
+
+def train_drafter(cfg: DraftConfig, target: Model, seqs: torch.Tensor, feats: torch.Tensor, start: int,
+                  steps: int, batch: int, lr: float, seed: int, desc: str, log: Log | None) -> FeatureDrafterNet:
+    dev = target.lm_head_weight.device
+    net = randomize(FeatureDrafterNet(cfg), seed).to(dev)
+    if hasattr(net, "mask_embedding"):
+        with torch.no_grad():
+            net.mask_embedding.copy_(target.model.embed_tokens.weight.mean(0))
+    emb, head = target.model.embed_tokens.weight.detach(), target.lm_head_weight.detach()
+    gen = torch.Generator().manual_seed(seed)
+    net.train()
+
+    def loss_fn(step):
+        idx = torch.randint(0, len(seqs), (batch,), generator=gen)
+        return drafter_loss(net, emb, head, seqs[idx].to(dev), feats[idx].to(dev), start, gen)
+
+    fit(net.parameters(), steps, lr, loss_fn, desc, log)
+    return net.eval()
+
+
+def timed(fn, *a, **k):
+    t = time.perf_counter()
+    out = fn(*a, **k)
+    return out, time.perf_counter() - t
