@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from .config import ModelConfig
+from .gdn import replay_path
 
 
 def state_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -28,7 +29,8 @@ class Cache:
         self.static = static
         self.pending = 0  # tokens written by the last forward and not yet committed
         self.k, self.v, self.h, self.conv = {}, {}, {}, {}
-        self.pending_h, self.pending_conv = {}, {}
+        self.pending_h, self.pending_conv = {}, {}  # chain passes: per-position snapshots
+        self.pending_tree = {}  # tree passes: per-node rows to replay the accepted path
         sdt = state_dtype(dtype)
         for i, t in enumerate(cfg.layer_types):
             if t == "linear_attention":
@@ -66,17 +68,22 @@ class Cache:
                     dst = slice(self.length, self.length + n)
                     self.k[i][:, :, dst] = self.k[i].index_select(2, src)
                     self.v[i][:, :, dst] = self.v[i].index_select(2, src)
-            if self.h and n and path[-1] != n - 1:
-                raise ValueError("recurrent layers commit a prefix only; replay the path first")
         if n:
             for i in self.h:
-                self.h[i] = self.pending_h[i][:, n - 1].clone()
-                k1 = self.cfg.linear_conv_kernel_dim - 1
-                self.conv[i] = self.pending_conv[i][:, :, n : n + k1].clone()
+                if i in self.pending_tree:
+                    self.h[i], self.conv[i] = replay_path(
+                        self.pending_tree[i], list(path or range(n)), self.h[i], self.conv[i])
+                elif path is not None and list(path) != list(range(n)):
+                    raise ValueError("a chain pass commits a prefix; only a tree pass commits a path")
+                else:
+                    self.h[i] = self.pending_h[i][:, n - 1].clone()
+                    k1 = self.cfg.linear_conv_kernel_dim - 1
+                    self.conv[i] = self.pending_conv[i][:, :, n : n + k1].clone()
         self.length += n
         self.pending = 0
         self.pending_h.clear()
         self.pending_conv.clear()
+        self.pending_tree.clear()
 
     def truncate(self, length: int) -> None:
         """Forget committed tokens past `length` (attention-only caches: KV slots are positions)."""

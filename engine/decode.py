@@ -1,17 +1,37 @@
-"""Greedy decoding: autoregressive, and stock speculative (chain of the drafter's top-1 tokens,
-one target pass over [newest token + chain], accept the longest prefix that equals the target's
-argmax, then the bonus token). Output is token-for-token what AR produces (up to ties broken
-differently by different rounding: see DESIGN.md §3)."""
+"""Greedy decoding: autoregressive, and speculative: one target pass over [newest token + a draft
+tree] (stock: the chain of the drafter's top-1 tokens) under an ancestor mask, accept the deepest
+root path whose every token equals the target's argmax at its parent, then the bonus token.
+Output is token-for-token what AR produces (up to ties broken differently by different rounding:
+see DESIGN.md §3)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from .drafters import Drafter
+from . import trees
+from .drafters import Drafter, Lattice
 from .model import Model
+
+MAX_TREE = 64  # verified rows of a tree pass at most (root included)
+Policy = Callable[[int, Lattice], "trees.Tree"]
+
+
+@dataclass
+class StepRecord:
+    """What one target pass saw: the lattice, the token room left, the accepted path length
+    (root included, = τ), the verified tree's tokens and the target's argmax at each of its nodes,
+    and the tokens the pass emitted (accepted + bonus)."""
+
+    lattice: Lattice | None
+    room: int
+    tau: int
+    tree_tokens: tuple[int, ...]
+    argmax: list[int]
+    emitted: list[int]
 
 
 @dataclass
@@ -52,15 +72,19 @@ def _emit(out: list[int], new: list[int], eos: set[int], limit: int) -> bool:
 
 @torch.no_grad()
 def generate(target: Model, prompt: list[int], max_new_tokens: int, drafter: Drafter | None = None,
-             draft_len: int = 8, eos: set[int] | None = None) -> Result:
-    """AR when drafter is None, else stock chain speculative decoding with `draft_len` positions."""
+             draft_len: int = 8, eos: set[int] | None = None, policy: Policy | None = None,
+             record: list | None = None) -> Result:
+    """AR when drafter is None; else speculative decoding with `draft_len` drafted positions,
+    verifying the tree that `policy` builds from each lattice (stock chain by default).
+    `record`, when given, receives one `StepRecord` per target pass (see replay.py)."""
     if not prompt:
         raise ValueError("prompt must hold at least one token")
     if max_new_tokens <= 0:
         return Result([])
     eos = set(target.cfg.eos_token_id) if eos is None else eos
+    policy = policy or trees.chain
     dev = target.lm_head_weight.device
-    lookahead = draft_len if drafter is not None else 0
+    lookahead = (draft_len if policy is trees.chain else MAX_TREE) if drafter is not None else 0
     max_len = len(prompt) + max_new_tokens + lookahead + 1
     cache = target.new_cache(max_len)
     feat_layers = drafter.target_layers if drafter is not None else ()
@@ -81,23 +105,29 @@ def generate(target: Model, prompt: list[int], max_new_tokens: int, drafter: Dra
     while not done:
         ta = _clock(dev)
         room = max_new_tokens - len(res.tokens) - 1  # drafting past the token limit is wasted work
-        chain = drafter.propose(min(draft_len, room)).chain() if drafter is not None and room > 0 else []
+        lattice = drafter.propose(min(draft_len, room)) if drafter is not None and room > 0 else None
+        tree = policy(newest, lattice) if lattice is not None else trees.Tree((newest,), (-1,))
         tb = _clock(dev)
-        out = target(torch.tensor([[newest] + chain], device=dev), cache, feature_layers=feat_layers)
-        pred = out.logits[0].argmax(-1).tolist()
+        chain = tree.is_chain()
+        positions = cache.length + torch.tensor([tree.depths], device=dev)
+        out = target(torch.tensor([tree.tokens], device=dev), cache, positions=positions,
+                     tree_mask=None if chain else tree.ancestor_mask(dev), feature_layers=feat_layers)
+        argmax = out.logits[0].argmax(-1).tolist()
         tc = _clock(dev)
-        n = 0
-        while n < len(chain) and chain[n] == pred[n]:
-            n += 1
-        cache.commit(n + 1)
-        committed, emitted = [newest] + chain[:n], chain[:n] + [pred[n]]
-        newest = pred[n]
+        path = tree.accept(argmax)
+        cache.commit(len(path), None if chain else path)
+        committed = [tree.tokens[i] for i in path]
+        emitted = committed[1:] + [argmax[path[-1]]]
+        if record is not None:
+            record.append(StepRecord(lattice, room, len(path), tree.tokens, [argmax[i] for i in range(len(tree))],
+                                     emitted))
+        newest = emitted[-1]
         done = _emit(res.tokens, emitted, eos, max_new_tokens)
         td = _clock(dev)
         if drafter is not None and not done:
-            drafter.observe(committed, emitted, out.features[0, : n + 1] if out.features is not None else None)
+            drafter.observe(committed, emitted, out.features[0, path] if out.features is not None else None)
         te = _clock(dev)
-        res.steps.append(Step(tau=n + 1, drafted=len(chain), t_draft=(tb - ta) + (te - td),
+        res.steps.append(Step(tau=len(path), drafted=len(tree) - 1, t_draft=(tb - ta) + (te - td),
                               t_verify=tc - tb, t_commit=td - tc))
     res.decode_s = _clock(dev) - t1
     return res

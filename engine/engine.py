@@ -3,6 +3,7 @@ drafter and tokenizer → outputs and statistics for a list of requests."""
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -12,16 +13,19 @@ import torch
 from .checkpoint import CheckpointError, load_model
 from .decode import Result, generate
 from .drafters import load_drafter
+from .replay import make_policy
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
-MODES = ("ar", "chain")
+MODES = ("ar", "chain", "tree")
 
 
 @dataclass
 class EngineConfig:
     target: str
     drafter: str | None = None  # checkpoint folder, or "ngram"
-    mode: str = "chain"  # ar | chain
+    mode: str = "chain"  # ar | chain | tree
+    tree: str = "best-first:32"  # tree mode: best-first:N | topk:K:N | sequoia:N | chain
+    profile: str | None = None  # sequoia: an acceptance profile (JSON) from `specpilot replay --profile-out`
     draft_len: int = 8
     dtype: str = "float32"
     device: str = "cpu"
@@ -34,6 +38,8 @@ class EngineConfig:
             raise ValueError(f"mode {self.mode!r} needs a drafter (a checkpoint folder or 'ngram')")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r}: expected one of {tuple(DTYPES)}")
+        if self.mode == "tree":
+            make_policy(self.tree, torch.zeros(1, 1) if self.profile else None)  # a bad spec fails here
         if self.draft_len < 1 or self.max_new_tokens < 1:
             raise ValueError("draft_len and max_new_tokens must be positive")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
@@ -64,6 +70,10 @@ class Engine:
         self.target = load_model(cfg.target, dtype, cfg.device)
         self.drafter = load_drafter(cfg.drafter, dtype, cfg.device, self.target) if cfg.mode != "ar" else None
         self.tokenizer = load_tokenizer(cfg.target)
+        self.policy = None
+        if cfg.mode == "tree":
+            profile = torch.tensor(json.loads(Path(cfg.profile).read_text())["profile"]) if cfg.profile else None
+            self.policy = make_policy(cfg.tree, profile)
 
     def encode(self, req) -> list[int]:
         if getattr(req, "prompt_ids", None) is not None:
@@ -81,17 +91,22 @@ class Engine:
     def decode_text(self, tokens: list[int]) -> str | None:
         return self.tokenizer.decode(tokens, skip_special_tokens=False) if self.tokenizer else None
 
-    def generate(self, req) -> Result:
+    def generate(self, req, record: list | None = None) -> Result:
         n = getattr(req, "max_new_tokens", None) or self.cfg.max_new_tokens
-        return generate(self.target, self.encode(req), n, self.drafter, self.cfg.draft_len)
+        return generate(self.target, self.encode(req), n, self.drafter, self.cfg.draft_len,
+                        policy=self.policy, record=record)
 
-    def run(self, requests, progress=None) -> dict:
-        """The CLI's JSON: outputs, mean τ over all steps, tokens/s over all generation time."""
+    def run(self, requests, progress=None, records: list | None = None) -> dict:
+        """The CLI's JSON: outputs, mean τ over all steps, tokens/s over all generation time.
+        `records`, when given, receives (id, policy, step records) per request."""
         outputs, steps, n_tok, wall = [], [], 0, 0.0
         for req in requests:
+            rec = [] if records is not None else None
             t0 = time.perf_counter()
-            res = self.generate(req)
+            res = self.generate(req, rec)
             wall += time.perf_counter() - t0
+            if records is not None:
+                records.append((req.id, self.cfg.tree if self.cfg.mode == "tree" else "chain", rec))
             outputs.append({"id": req.id, "tokens": res.tokens, "text": self.decode_text(res.tokens),
                             "tau_mean": res.tau_mean, "steps": len(res.steps)})
             steps += res.steps

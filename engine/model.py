@@ -18,6 +18,7 @@ from torch import nn
 
 from .cache import Cache, state_dtype
 from .config import ModelConfig
+from .gdn import chunked_gated_delta_rule, first_occurrence, gated_delta_rule, gather_paths, pad_paths, root_paths
 
 
 class RMSNorm(nn.Module):
@@ -157,115 +158,94 @@ class GatedDeltaNet(nn.Module):
         b, a = torch.split(self.in_proj_ba(x).view(B, T, nk, 2 * r), [r, r], dim=-1)
         return q, k, v.reshape(B, T, -1, dv), z.reshape(B, T, -1, dv), b.reshape(B, T, -1), a.reshape(B, T, -1)
 
-    def forward(self, x, h0: torch.Tensor, conv0: torch.Tensor, snapshots: bool = True):
-        """Returns (output, states, conv inputs [B, C, K-1+T]); states are per position
-        [B, T, H, Dk, Dv] with snapshots, else the final state [B, H, Dk, Dv] (parallel form)."""
+    def rule_inputs(self, conv_out: torch.Tensor, b: torch.Tensor, a: torch.Tensor):
+        """Post-conv rows [..., T, C] (and b, a) → q, k, v, g, β of the delta rule, state dtype."""
         c = self.cfg
-        B, T, _ = x.shape
-        q, k, v, z, b, a = self.split(x)
-        mixed = torch.cat((q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1)), dim=-1)
-        conv_in = torch.cat((conv0, mixed.transpose(1, 2)), dim=-1)
-        mixed = F.silu(F.conv1d(conv_in, self.conv1d.weight, groups=self.conv_dim)).transpose(1, 2)
-        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        sdt = state_dtype(x.dtype)
+        sdt = state_dtype(conv_out.dtype)
         r = c.linear_num_value_heads // c.linear_num_key_heads
-        q = q.reshape(B, T, -1, c.linear_key_head_dim).repeat_interleave(r, dim=2).to(sdt)
-        k = k.reshape(B, T, -1, c.linear_key_head_dim).repeat_interleave(r, dim=2).to(sdt)
-        v = v.reshape(B, T, -1, c.linear_value_head_dim).to(sdt)
+        q, k, v = torch.split(conv_out, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        lead = q.shape[:-1]
+        q = q.reshape(*lead, -1, c.linear_key_head_dim).repeat_interleave(r, dim=-2).to(sdt)
+        k = k.reshape(*lead, -1, c.linear_key_head_dim).repeat_interleave(r, dim=-2).to(sdt)
+        v = v.reshape(*lead, -1, c.linear_value_head_dim).to(sdt)
         q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) * c.linear_key_head_dim ** -0.5
         k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
         beta = torch.sigmoid(b).to(sdt)
         g = -self.A_log.to(sdt).exp() * F.softplus(a.to(sdt) + self.dt_bias.to(sdt))
+        return q, k, v, g, beta
+
+    def conv(self, conv_in: torch.Tensor) -> torch.Tensor:
+        """Causal depthwise conv + SiLU over [B, C, K-1+T] inputs → [B, T, C]."""
+        return F.silu(F.conv1d(conv_in, self.conv1d.weight, groups=self.conv_dim)).transpose(1, 2)
+
+    def forward(self, x, h0: torch.Tensor, conv0: torch.Tensor, snapshots: bool = True):
+        """A chain of T positions. Returns (output, states, conv inputs [B, C, K-1+T]); states are
+        per position [B, T, H, Dk, Dv] with snapshots, else the final state (parallel form)."""
+        B, T, _ = x.shape
+        q, k, v, z, b, a = self.split(x)
+        mixed = torch.cat((q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1)), dim=-1)
+        conv_in = torch.cat((conv0, mixed.transpose(1, 2)), dim=-1)
+        q, k, v, g, beta = self.rule_inputs(self.conv(conv_in), b, a)
         out, states = (gated_delta_rule if snapshots else chunked_gated_delta_rule)(q, k, v, g, beta, h0)
         out = self.norm(out.to(x.dtype), z)
         return self.out_proj(out.reshape(B, T, -1)), states, conv_in
 
-
-def gated_delta_rule(q, k, v, g, beta, h):
-    """Reference recurrence, one position at a time: h ← h·e^g; h ← h + k ⊗ β(v − hᵀk); o = hᵀq.
-
-    q, k: [B, T, H, Dk]; v: [B, T, H, Dv]; g, beta: [B, T, H]; h: [B, H, Dk, Dv].
-    Returns outputs [B, T, H, Dv] and the state after every position [B, T, H, Dk, Dv].
-    """
-    outs, states = [], []
-    for t in range(q.shape[1]):
-        h = h * g[:, t].exp()[..., None, None]
-        kt = k[:, t]
-        delta = (v[:, t] - torch.einsum("bhkv,bhk->bhv", h, kt)) * beta[:, t, :, None]
-        h = h + kt[..., :, None] * delta[..., None, :]
-        outs.append(torch.einsum("bhkv,bhk->bhv", h, q[:, t]))
-        states.append(h)
-    return torch.stack(outs, 1), torch.stack(states, 1)
+    def forward_tree(self, x, h0: torch.Tensor, conv0: torch.Tensor, parents: list[int]):
+        """N tree nodes (batch 1), without a state per node: every root path runs the recurrence
+        from the committed state, the paths side by side. Returns (output, stash) where the stash
+        holds each node's pre-conv row and delta-rule inputs, for `replay` of the accepted path."""
+        _, N, _ = x.shape
+        q, k, v, z, b, a = self.split(x)
+        mixed = torch.cat((q.reshape(N, -1), k.reshape(N, -1), v.reshape(N, -1)), dim=-1)  # [N, C]
+        idx = pad_paths(root_paths(parents)).to(x.device)  # [P, D]
+        P = idx.shape[0]
+        conv_in = torch.cat((conv0.expand(P, -1, -1), gather_paths(mixed, idx).transpose(1, 2)), dim=-1)
+        wp, wt = first_occurrence(idx.cpu(), N)
+        conv_out = self.conv(conv_in)[wp, wt]  # [N, C]: a node's conv window is its own root path
+        q, k, v, g, beta = self.rule_inputs(conv_out, b[0], a[0])
+        out, _ = gated_delta_rule(*(gather_paths(t, idx) for t in (q, k, v, g, beta)), h0.expand(P, -1, -1, -1))
+        out = self.norm(out[wp, wt].to(x.dtype)[None], z)
+        return self.out_proj(out.reshape(1, N, -1)), {"mixed": mixed, "rule": (q, k, v, g, beta)}
 
 
 def run_layers(cfg: ModelConfig, layers, x, cache: Cache | None, start: int, positions, tree_mask, rope,
                feature_layers: tuple[int, ...] = ()):
     """The residual stream through `layers`; returns it and the concatenated features of feature_layers."""
     B, T, _ = x.shape
-    if cache is not None and not cache.static and cfg.is_hybrid and not torch.equal(
-            tree_mask, torch.ones(T, T, dtype=torch.bool, device=x.device).tril()):
-        raise ValueError("Gated DeltaNet layers verify chains here; tree verification of hybrids replays paths")
+    parents = None  # a tree over the new rows (not a chain): GDN layers run its root paths
+    if cfg.is_hybrid and not torch.equal(tree_mask, torch.ones(T, T, dtype=torch.bool, device=x.device).tril()):
+        if B != 1 or cache is None or cache.static:
+            raise ValueError("tree verification of Gated DeltaNet layers needs batch 1 and a dynamic cache")
+        anc = tree_mask.tril(-1).cpu()
+        parents = [int(torch.nonzero(anc[i]).max()) if anc[i].any() else -1 for i in range(T)]
+        if parents.count(-1) != 1 or parents[0] != -1:
+            raise ValueError("a tree mask must have node 0 as its only root")
     feats = {}
     for i, blk in enumerate(layers):
         y = blk.input_layernorm(x)
-        if blk.kind == "linear_attention":
+        if blk.kind != "linear_attention":
+            y = blk.self_attn(y, rope, positions, tree_mask, cache, start)
+        else:
             if cache is not None:
                 h0, conv0 = cache.h[i], cache.conv[i]
             else:
                 h0 = y.new_zeros(B, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
                                  cfg.linear_value_head_dim, dtype=state_dtype(y.dtype))
                 conv0 = y.new_zeros(B, blk.linear_attn.conv_dim, cfg.linear_conv_kernel_dim - 1)
-            y, states, conv_in = blk.linear_attn(y, h0, conv0, snapshots=cache is not None)
-            if cache is not None and cache.static:  # static caches commit every token in place
-                cache.h[i].copy_(states[:, -1])
-                cache.conv[i].copy_(conv_in[:, :, conv_in.shape[2] - conv0.shape[2]:])
-            elif cache is not None:
-                cache.pending_h[i], cache.pending_conv[i] = states, conv_in
-        else:
-            y = blk.self_attn(y, rope, positions, tree_mask, cache, start)
+            if parents is not None:
+                y, cache.pending_tree[i] = blk.linear_attn.forward_tree(y, h0, conv0, parents)
+            else:
+                y, states, conv_in = blk.linear_attn(y, h0, conv0, snapshots=cache is not None)
+                if cache is not None and cache.static:  # static caches commit every token in place
+                    cache.h[i].copy_(states[:, -1])
+                    cache.conv[i].copy_(conv_in[:, :, conv_in.shape[2] - conv0.shape[2]:])
+                elif cache is not None:
+                    cache.pending_h[i], cache.pending_conv[i] = states, conv_in
         x = x + y
         x = x + blk.mlp(blk.post_attention_layernorm(x))
         if i in feature_layers:
             feats[i] = x
     return x, (torch.cat([feats[i] for i in feature_layers], -1) if feature_layers else None)
-
-
-def chunked_gated_delta_rule(q, k, v, g, beta, h, chunk: int = 64):
-    """The same recurrence in parallel form (for training and cache-free passes), chunk by chunk.
-
-    Within a chunk, with G the cumulative log-decay from its start and h0 the state entering it,
-    the per-position updates u_i = β_i(v_i − e^{G_i} h0ᵀk_i − Σ_{j<i} e^{G_i−G_j}(k_jᵀk_i) u_j) solve a
-    unit lower-triangular system; then o_i = e^{G_i} h0ᵀq_i + Σ_{j≤i} e^{G_i−G_j}(k_jᵀq_i) u_j and
-    the state leaving it is e^{G_C} h0 + Σ_j e^{G_C−G_j} k_j u_jᵀ. Returns (outputs, final state).
-    """
-    B, T, H, Dk = k.shape
-    pad = (-T) % chunk
-    if pad:  # zero key, β and decay: padded positions leave the state untouched
-        q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, v))
-        g, beta = (F.pad(t, (0, 0, 0, pad)) for t in (g, beta))
-    n = (T + pad) // chunk
-    # [B, H, n, C, D] layout
-    q, k, v = (t.transpose(1, 2).reshape(B, H, n, chunk, -1) for t in (q, k, v))
-    g, beta = (t.transpose(1, 2).reshape(B, H, n, chunk) for t in (g, beta))
-    G = g.cumsum(-1)
-    diff = G[..., :, None] - G[..., None, :]  # G_i − G_j
-    lower = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
-    decay = torch.where(lower, diff, torch.full_like(diff, float("-inf"))).exp()  # e^{G_i−G_j}, j ≤ i
-    strict = decay * (~torch.eye(chunk, dtype=torch.bool, device=q.device))
-    A = beta[..., None] * strict * (k @ k.transpose(-1, -2))  # A_ij = β_i e^{G_i−G_j} k_iᵀk_j, j < i
-    eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
-    qk = decay * (q @ k.transpose(-1, -2))
-    outs = []
-    for c in range(n):
-        eg = G[:, :, c].exp()[..., None]  # [B, H, C, 1]
-        rhs = beta[:, :, c, :, None] * (v[:, :, c] - eg * (k[:, :, c] @ h))
-        u = torch.linalg.solve_triangular(eye + A[:, :, c], rhs, upper=False, unitriangular=True)
-        outs.append(eg * (q[:, :, c] @ h) + qk[:, :, c] @ u)
-        last = G[:, :, c, -1:]  # [B, H, 1]
-        w = (last - G[:, :, c]).exp()[..., None] * k[:, :, c]  # e^{G_C−G_j} k_j
-        h = last.exp()[..., None] * h + w.transpose(-1, -2) @ u
-    o = torch.stack(outs, 2).reshape(B, H, n * chunk, -1)[:, :, :T].transpose(1, 2)
-    return o, h
 
 
 class Block(nn.Module):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -12,7 +13,11 @@ from tqdm import tqdm
 def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, metavar="DIR", help="target checkpoint folder (Hugging Face format)")
     p.add_argument("--drafter", metavar="DIR|ngram", help="drafter checkpoint folder, or 'ngram' (prompt lookup)")
-    p.add_argument("--mode", choices=("ar", "chain"), default="chain", help="ar: plain greedy; chain: stock speculative")
+    p.add_argument("--mode", choices=("ar", "chain", "tree"), default="chain",
+                   help="ar: plain greedy; chain: stock speculative; tree: verify a draft tree (--tree)")
+    p.add_argument("--tree", default="best-first:32", metavar="POLICY",
+                   help="tree mode: best-first:N | topk:K:N | sequoia:N | chain (default best-first:32)")
+    p.add_argument("--profile", metavar="FILE", help="sequoia: acceptance profile from `specpilot replay --profile-out`")
     p.add_argument("--draft-len", type=int, default=8, metavar="N", help="drafted positions per step (default 8)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--dtype", choices=("float64", "float32", "bfloat16"), default="float32")
@@ -26,12 +31,17 @@ def cmd_generate(args) -> int:
     if bool(args.workload) == bool(args.prompt):
         raise ValueError("give exactly one of --workload FILE.jsonl or --prompt TEXT")
     requests = read_workload(args.workload) if args.workload else [Request(id="prompt", prompt=args.prompt)]
-    engine = Engine(EngineConfig(target=args.target, drafter=args.drafter, mode=args.mode,
-                                 draft_len=args.draft_len, dtype=args.dtype, device=args.device,
-                                 max_new_tokens=args.max_new_tokens))
+    engine = Engine(EngineConfig(target=args.target, drafter=args.drafter, mode=args.mode, tree=args.tree,
+                                 profile=args.profile, draft_len=args.draft_len, dtype=args.dtype,
+                                 device=args.device, max_new_tokens=args.max_new_tokens))
+    records = [] if args.record else None
     with tqdm(total=len(requests), desc="generate", unit="req", file=sys.stderr,
               disable=len(requests) < 2) as bar:
-        out = engine.run(requests, progress=bar.update)
+        out = engine.run(requests, progress=bar.update, records=records)
+    if args.record:
+        from specpilot.engine.replay import write_record
+
+        write_record(args.record, records)
     if args.json:
         print(json.dumps(out))
         return 0
@@ -39,6 +49,33 @@ def cmd_generate(args) -> int:
         print(f"── {o['id']}  (τ {o['tau_mean']:.2f}, {o['steps']} steps)")
         print(o["text"] if o["text"] is not None else o["tokens"])
     print(f"\nτ {out['tau_mean']:.2f} · {out['tokens_per_s']:.1f} tokens/s · {out['steps']} target passes")
+    return 0
+
+
+def cmd_replay(args) -> int:
+    from specpilot.engine.replay import acceptance_profile, read_record, replay
+
+    runs = read_record(args.record)
+    steps = [s for _, _, st in runs for s in st]
+    if not steps:
+        raise ValueError(f"{args.record} holds no steps")
+    profile = acceptance_profile(steps)
+    if args.profile_out:
+        Path(args.profile_out).write_text(json.dumps({"profile": profile.tolist(), "record": args.record}))
+    online = sum(s.tau for s in steps) / len(steps)
+    rows = []
+    for spec in args.policy or ["chain", "best-first:32", "oracle"]:
+        taus = replay(steps, spec, profile)
+        rows.append({"policy": spec, "tau_mean": sum(taus) / len(taus), "steps": len(taus)})
+    out = {"record": args.record, "recorded_policies": sorted({p for _, p, _ in runs}), "online_tau_mean": online,
+           "policies": rows}
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"{len(steps)} recorded target passes ({', '.join(out['recorded_policies'])}), online τ {online:.3f}")
+    for r in rows:
+        print(f"  {r['policy']:16s} τ {r['tau_mean']:.3f}")
+    print("sequoia shapes are fitted on this same record (in-sample)")
     return 0
 
 
@@ -61,8 +98,17 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_args(g)
     g.add_argument("--workload", metavar="FILE.jsonl", help='requests, one {"id", "prompt"|"prompt_ids"} per line')
     g.add_argument("--prompt", metavar="TEXT", help="a single text prompt")
+    g.add_argument("--record", metavar="FILE", help="save every target pass (lattice, tree, argmax) for replay")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.set_defaults(func=cmd_generate)
+
+    r = sub.add_parser("replay", help="τ of tree policies on recorded target passes, offline and exact")
+    r.add_argument("--record", required=True, metavar="FILE", help="from `generate --record FILE`")
+    r.add_argument("--policy", action="append", metavar="POLICY",
+                   help="chain | best-first:N | topk:K:N | sequoia:N | oracle (repeatable)")
+    r.add_argument("--profile-out", metavar="FILE", help="write the measured acceptance profile (for sequoia)")
+    r.add_argument("--json", action="store_true", help="print one JSON object")
+    r.set_defaults(func=cmd_replay)
 
     d = sub.add_parser("demo", help="speculative generation on the shipped micro models")
     d.add_argument("--json", action="store_true", help="print one JSON object")

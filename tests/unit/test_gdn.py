@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
-from specpilot.engine.model import chunked_gated_delta_rule, gated_delta_rule
+from specpilot.engine.gdn import chunked_gated_delta_rule, gated_delta_rule
 
 
 @settings(max_examples=40, deadline=None)

@@ -1,0 +1,107 @@
+"""The gated delta rule of Gated DeltaNet layers: the reference recurrence (one position at a
+time, keeping the state after each), its parallel chunked form, and the replay of tree paths."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def gated_delta_rule(q, k, v, g, beta, h):
+    """Reference recurrence, one position at a time: h ← h·e^g; h ← h + k ⊗ β(v − hᵀk); o = hᵀq.
+
+    q, k: [B, T, H, Dk]; v: [B, T, H, Dv]; g, beta: [B, T, H]; h: [B, H, Dk, Dv].
+    Returns outputs [B, T, H, Dv] and the state after every position [B, T, H, Dk, Dv].
+    """
+    outs, states = [], []
+    for t in range(q.shape[1]):
+        h = h * g[:, t].exp()[..., None, None]
+        kt = k[:, t]
+        delta = (v[:, t] - torch.einsum("bhkv,bhk->bhv", h, kt)) * beta[:, t, :, None]
+        h = h + kt[..., :, None] * delta[..., None, :]
+        outs.append(torch.einsum("bhkv,bhk->bhv", h, q[:, t]))
+        states.append(h)
+    return torch.stack(outs, 1), torch.stack(states, 1)
+
+
+def chunked_gated_delta_rule(q, k, v, g, beta, h, chunk: int = 64):
+    """The same recurrence in parallel form (for training and cache-free passes), chunk by chunk.
+
+    Within a chunk, with G the cumulative log-decay from its start and h0 the state entering it,
+    the per-position updates u_i = β_i(v_i − e^{G_i} h0ᵀk_i − Σ_{j<i} e^{G_i−G_j}(k_jᵀk_i) u_j) solve a
+    unit lower-triangular system; then o_i = e^{G_i} h0ᵀq_i + Σ_{j≤i} e^{G_i−G_j}(k_jᵀq_i) u_j and
+    the state leaving it is e^{G_C} h0 + Σ_j e^{G_C−G_j} k_j u_jᵀ. Returns (outputs, final state).
+    """
+    B, T, H, Dk = k.shape
+    pad = (-T) % chunk
+    if pad:  # zero key, β and decay: padded positions leave the state untouched
+        q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, v))
+        g, beta = (F.pad(t, (0, 0, 0, pad)) for t in (g, beta))
+    n = (T + pad) // chunk
+    # [B, H, n, C, D] layout
+    q, k, v = (t.transpose(1, 2).reshape(B, H, n, chunk, -1) for t in (q, k, v))
+    g, beta = (t.transpose(1, 2).reshape(B, H, n, chunk) for t in (g, beta))
+    G = g.cumsum(-1)
+    diff = G[..., :, None] - G[..., None, :]  # G_i − G_j
+    lower = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    decay = torch.where(lower, diff, torch.full_like(diff, float("-inf"))).exp()  # e^{G_i−G_j}, j ≤ i
+    strict = decay * (~torch.eye(chunk, dtype=torch.bool, device=q.device))
+    A = beta[..., None] * strict * (k @ k.transpose(-1, -2))  # A_ij = β_i e^{G_i−G_j} k_iᵀk_j, j < i
+    eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
+    qk = decay * (q @ k.transpose(-1, -2))
+    outs = []
+    for c in range(n):
+        eg = G[:, :, c].exp()[..., None]  # [B, H, C, 1]
+        rhs = beta[:, :, c, :, None] * (v[:, :, c] - eg * (k[:, :, c] @ h))
+        u = torch.linalg.solve_triangular(eye + A[:, :, c], rhs, upper=False, unitriangular=True)
+        outs.append(eg * (q[:, :, c] @ h) + qk[:, :, c] @ u)
+        last = G[:, :, c, -1:]  # [B, H, 1]
+        w = (last - G[:, :, c]).exp()[..., None] * k[:, :, c]  # e^{G_C−G_j} k_j
+        h = last.exp()[..., None] * h + w.transpose(-1, -2) @ u
+    o = torch.stack(outs, 2).reshape(B, H, n * chunk, -1)[:, :, :T].transpose(1, 2)
+    return o, h
+
+
+def root_paths(parents: list[int]) -> list[list[int]]:
+    """Every leaf's path from the root (node 0), as node indices."""
+    has_child = set(parents[1:])
+    paths = []
+    for leaf in (i for i in range(len(parents)) if i not in has_child):
+        path = [leaf]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        paths.append(path[::-1])
+    return paths
+
+
+def pad_paths(paths: list[list[int]]) -> torch.Tensor:
+    """[P, D] node indices, -1 past a path's end."""
+    d = max(len(p) for p in paths)
+    return torch.tensor([p + [-1] * (d - len(p)) for p in paths])
+
+
+def gather_paths(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """x [N, ...] per node → [P, D, ...] along padded paths (padding rows are zero)."""
+    out = x[idx.clamp_min(0)]
+    return out * (idx >= 0).view(*idx.shape, *([1] * (x.dim() - 1))).to(out.dtype)
+
+
+def first_occurrence(idx: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each node, one (path, step) where it appears."""
+    P, D = idx.shape
+    where_p, where_t = torch.zeros(n, dtype=torch.long), torch.zeros(n, dtype=torch.long)
+    for p in range(P - 1, -1, -1):
+        for t in range(D):
+            if idx[p, t] >= 0:
+                where_p[idx[p, t]], where_t[idx[p, t]] = p, t
+    return where_p, where_t
+
+
+def replay_path(stash: dict, path: list[int], h0: torch.Tensor, conv0: torch.Tensor):
+    """The committed (state, conv state) after a tree's accepted path: the same recurrence over the
+    same rows that a chain pass over those tokens runs, so it commits what chain verification commits.
+    stash: a tree pass's per-node pre-conv rows ("mixed" [N, C]) and delta-rule inputs ("rule")."""
+    idx = torch.tensor(path, device=h0.device)
+    _, states = gated_delta_rule(*(t[idx][None] for t in stash["rule"]), h0)
+    conv_in = torch.cat((conv0, stash["mixed"][idx].T[None]), dim=-1)
+    return states[:, -1], conv_in[:, :, conv_in.shape[2] - conv0.shape[2]:]

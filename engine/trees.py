@@ -1,0 +1,192 @@
+"""Draft trees built from a `Lattice`, and greedy acceptance along them.
+
+A tree's node 0 is the root (the newest token, not yet in the target's cache); every other node
+is a lattice candidate (position = depth − 1, candidate index) with a parent. Trees are
+prefix-closed: a node's parent is always in the tree and comes before it. Policies:
+
+- `chain`         the top-1 candidate of each position (stock);
+- `best-first:N`  the N nodes of highest path score Σ log p(child | parent), scores normalized by
+                  a log-softmax over each position's top-k (parent-conditioned where the lattice
+                  has Markov transitions), at most 15 deep;
+- `topk:K:N`      EAGLE-2: expand the K best nodes of each depth by their K best children, then
+                  keep the N best of everything by path score;
+- `sequoia:N`     a static shape of N rank paths maximizing the expected accepted length under a
+                  measured per-depth rank-acceptance profile (DESIGN.md: Sequoia-like).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import torch
+
+from .drafters import Lattice
+
+MAX_DEPTH = 15
+
+
+@dataclass(frozen=True)
+class Tree:
+    tokens: tuple[int, ...]  # node 0 = root
+    parents: tuple[int, ...]  # parents[0] = -1
+    cands: tuple[tuple[int, int], ...] = ()  # (position, candidate index) of nodes 1..; for replays
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def depths(self) -> list[int]:
+        d = [0] * len(self.tokens)
+        for i in range(1, len(self.tokens)):
+            d[i] = d[self.parents[i]] + 1
+        return d
+
+    def ancestor_mask(self, device=None) -> torch.Tensor:
+        """[N, N]: row i sees column j when j is i or one of its ancestors."""
+        n = len(self.tokens)
+        m = torch.zeros(n, n, dtype=torch.bool)
+        for i in range(n):
+            j = i
+            while j >= 0:
+                m[i, j] = True
+                j = self.parents[j]
+        return m.to(device)
+
+    def is_chain(self) -> bool:
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
+    def accept(self, argmax: list[int]) -> list[int]:
+        """Greedy acceptance: from the root, follow the child whose token equals the target's argmax
+        at its parent. Returns the accepted path of node indices (root included)."""
+        children: dict[int, list[int]] = {}
+        for i in range(1, len(self.tokens)):
+            children.setdefault(self.parents[i], []).append(i)
+        path = [0]
+        while True:
+            nxt = [c for c in children.get(path[-1], ()) if self.tokens[c] == argmax[path[-1]]]
+            if not nxt:
+                return path
+            path.append(nxt[0])
+
+
+def _scores(lat: Lattice) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-position scores log-softmax-normalized over the top-k (missing candidates: -inf)."""
+    node = torch.log_softmax(lat.logp.double(), dim=-1)
+    trans = torch.log_softmax(lat.trans.double(), dim=-1) if lat.trans is not None else None
+    return node, trans
+
+
+def _tree(root: int, lat: Lattice, nodes: list[tuple[int, int, int]]) -> Tree:
+    """nodes: (position, candidate, parent node index) in an order where parents come first."""
+    toks, parents, cands = [root], [-1], []
+    for pos, cand, parent in nodes:
+        toks.append(int(lat.tokens[pos, cand]))
+        parents.append(parent)
+        cands.append((pos, cand))
+    return Tree(tuple(toks), tuple(parents), tuple(cands))
+
+
+def chain(root: int, lat: Lattice, limit: int | None = None) -> Tree:
+    n = len(lat.chain()) if limit is None else min(limit, len(lat.chain()))
+    return _tree(root, lat, [(i, 0, i) for i in range(n)])
+
+
+def best_first(root: int, lat: Lattice, n: int, max_depth: int = MAX_DEPTH) -> Tree:
+    """The n highest path scores; ties go to the shallower node, then the lower candidate index."""
+    node, trans = _scores(lat)
+    m, k = lat.tokens.shape
+    depth = min(m, max_depth)
+    heap = [(-float(node[0, c]), 1, 0, c, 0) for c in range(k) if lat.tokens[0, c] >= 0]
+    heapq.heapify(heap)
+    picked: list[tuple[int, int, int]] = []
+    while heap and len(picked) < n:
+        neg, d, pos, cand, parent = heapq.heappop(heap)
+        picked.append((pos, cand, parent))
+        me = len(picked)  # this node's index in the tree (root is 0)
+        if pos + 1 < depth:
+            for c in range(k):
+                if lat.tokens[pos + 1, c] < 0:
+                    continue
+                s = trans[pos, cand, c] if trans is not None else node[pos + 1, c]
+                heapq.heappush(heap, (neg - float(s), d + 1, pos + 1, c, me))
+    return _tree(root, lat, picked)
+
+
+def topk(root: int, lat: Lattice, k: int, n: int, max_depth: int = MAX_DEPTH) -> Tree:
+    """EAGLE-2: a beam of the k best nodes per depth, each expanded by its k best children; then
+    the n best candidates of all depths by path score."""
+    node, trans = _scores(lat)
+    m, kk = lat.tokens.shape
+    # candidate pool entries: (score, depth, order, pos, cand, parent pool index)
+    pool: list[tuple[float, int, int, int, int, int]] = []
+    first = sorted(((float(node[0, c]), c) for c in range(kk) if lat.tokens[0, c] >= 0), key=lambda t: -t[0])
+    beam = []
+    for s, c in first[:k]:
+        pool.append((s, 1, len(pool), 0, c, -1))
+        beam.append(len(pool) - 1)
+    for pos in range(1, min(m, max_depth)):
+        grown = []
+        for b in beam:
+            s0, _, _, _, pc, _ = pool[b]
+            kids = [(s0 + float(trans[pos - 1, pc, c] if trans is not None else node[pos, c]), c)
+                    for c in range(kk) if lat.tokens[pos, c] >= 0]
+            for s, c in sorted(kids, key=lambda t: -t[0])[:k]:
+                pool.append((s, pos + 1, len(pool), pos, c, b))
+                grown.append(len(pool) - 1)
+        beam = sorted(grown, key=lambda i: (-pool[i][0], pool[i][1], i))[:k]
+    keep = sorted(range(len(pool)), key=lambda i: (-pool[i][0], pool[i][1], i))[:n]
+    keep_set = set(keep)
+    keep = [i for i in keep if _closed(pool, i, keep_set)]
+    keep.sort(key=lambda i: (pool[i][1], i))  # parents before children
+    index = {p: j + 1 for j, p in enumerate(keep)}
+    return _tree(root, lat, [(pool[i][3], pool[i][4], index.get(pool[i][5], 0)) for i in keep])
+
+
+def _closed(pool, i, keep) -> bool:
+    p = pool[i][5]
+    while p >= 0:
+        if p not in keep:
+            return False
+        p = pool[p][5]
+    return True
+
+
+def fit_sequoia(profile: torch.Tensor, n: int, max_depth: int = MAX_DEPTH) -> list[tuple[int, ...]]:
+    """Static shape: the n rank paths (r1, …, rd) of highest Π profile[i, r_i], where profile[i, r]
+    is the measured probability that the target's token at depth i+1 is the drafter's rank-r
+    candidate. Under independence across depths this set maximizes the expected accepted length."""
+    depth, k = profile.shape
+    heap = [(-float(profile[0, r]), 1, (r,)) for r in range(k) if profile[0, r] > 0]
+    heapq.heapify(heap)
+    shape = []
+    while heap and len(shape) < n:
+        neg, d, path = heapq.heappop(heap)
+        shape.append(path)
+        if d < min(depth, max_depth):
+            for r in range(k):
+                if profile[d, r] > 0:
+                    heapq.heappush(heap, (neg * float(profile[d, r]), d + 1, path + (r,)))
+    return shape
+
+
+def sequoia(root: int, lat: Lattice, shape: list[tuple[int, ...]]) -> Tree:
+    """Place a static rank-path shape on a lattice (candidates a lattice lacks are dropped)."""
+    index: dict[tuple[int, ...], int] = {(): 0}
+    nodes = []
+    for path in sorted(shape, key=lambda p: (len(p), p)):
+        pos, cand = len(path) - 1, path[-1]
+        if path[:-1] in index and pos < lat.tokens.shape[0] and lat.tokens[pos, cand] >= 0:
+            nodes.append((pos, cand, index[path[:-1]]))
+            index[path] = len(nodes)
+    return _tree(root, lat, nodes)
+
+
+def parse_policy(spec: str) -> tuple[str, tuple[int, ...]]:
+    """'chain' | 'best-first:N' | 'topk:K:N' | 'sequoia:N' | 'oracle' → (name, integer args)."""
+    name, *args = spec.split(":")
+    want = {"chain": 0, "oracle": 0, "best-first": 1, "sequoia": 1, "topk": 2}
+    if name not in want or len(args) != want[name] or not all(a.isdigit() and int(a) > 0 for a in args):
+        raise ValueError(f"tree policy {spec!r}: expected chain, oracle, best-first:N, topk:K:N or sequoia:N "
+                         "(N, K positive integers)")
+    return name, tuple(int(a) for a in args)
