@@ -70,10 +70,10 @@ PRESETS = {
                     distill_seqs=768, prompt_len=32, gen_len=128,
                     drafter_steps=300, drafter_batch=16, drafter_lr=2e-3, draft_lm_steps=300),
     "small": Recipe("small", vocab=8192, target=Shape(512, 8, 8, 4, 1536), draft_lm=Shape(192, 2, 4, 2, 512),
-                    target_steps=1500, target_batch=32, seq=256, target_lr=1.5e-3,
+                    target_steps=1200, target_batch=32, seq=256, target_lr=1.5e-3,
                     distill_seqs=4096, prompt_len=64, gen_len=192,
-                    drafter_steps=1200, drafter_batch=32, drafter_lr=1e-3, draft_lm_steps=1200,
-                    eval_prompts=16, eval_new_tokens=128, markov_rank=64),
+                    drafter_steps=800, drafter_batch=32, drafter_lr=1e-3, draft_lm_steps=800,
+                    eval_prompts=8, eval_new_tokens=96, markov_rank=64),
     # a seconds-long build of the whole pipeline for the test suite
     "nano": Recipe("nano", vocab=300, target=Shape(32, 2, 2, 1, 64), draft_lm=Shape(32, 1, 2, 1, 64),
                    target_steps=12, target_batch=4, seq=32, target_lr=3e-3,

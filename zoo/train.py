@@ -39,7 +39,8 @@ def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
 
 def fit(params, steps: int, lr: float, loss_fn: Callable[[int], torch.Tensor], desc: str, log: Log | None,
         progress: bool = True) -> float:
-    """AdamW with warm-up and cosine decay; returns the mean loss of the last 10 % of steps."""
+    """AdamW with warm-up and cosine decay; returns the mean loss of the last 10 % of steps.
+    On a GPU the forward runs under bf16 autocast (weights and optimizer state stay float32)."""
     params = [p for p in params if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     warmup, tail = max(1, steps // 20), []
@@ -47,7 +48,8 @@ def fit(params, steps: int, lr: float, loss_fn: Callable[[int], torch.Tensor], d
     for step in bar:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, lr, warmup)
-        loss = loss_fn(step)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=params[0].is_cuda):
+            loss = loss_fn(step)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -42,3 +42,14 @@ def test_cuda_graph_decoder_equals_eager(family, compile):
     dec = StaticDecoder(m, 128, graph=True, compile=compile)
     for prompt in ([4, 5, 6], list(range(30, 60))):
         assert dec.generate(prompt, 40, eos=set()).tokens == generate(m, prompt, 40, eos=set()).tokens
+
+
+@pytest.mark.parametrize("family", ["llama", "hybrid"])
+def test_cuda_tree_verification_is_lossless(family):
+    from specpilot.engine.replay import make_policy
+
+    tgt = random_model(tiny_config(family, vocab=53), seed=6, dtype=torch.float64, device="cuda")
+    d = FeatureDrafter(random_drafter_net("block_markov", tgt.cfg, seed=8, dtype=torch.float64, block=8).cuda(), tgt)
+    for prompt in ([1, 2, 3, 1, 2, 3], list(range(10, 40))):
+        spec = generate(tgt, prompt, 48, d, draft_len=8, policy=make_policy("best-first:24"))
+        assert spec.tokens == generate(tgt, prompt, 48).tokens
