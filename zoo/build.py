@@ -54,6 +54,7 @@ class Recipe:
     drafter_steps: int
     drafter_batch: int
     drafter_lr: float
+    sequential_batch: int = 8  # its unrolled steps cost 3×: fewer sequences per step
     block: int = 16
     markov_rank: int = 32
     draft_lm_steps: int = 300
@@ -70,14 +71,14 @@ PRESETS = {
                     distill_seqs=768, prompt_len=32, gen_len=128,
                     drafter_steps=300, drafter_batch=16, drafter_lr=2e-3, draft_lm_steps=300),
     "small": Recipe("small", vocab=8192, target=Shape(512, 8, 8, 4, 1536), draft_lm=Shape(192, 2, 4, 2, 512),
-                    target_steps=1200, target_batch=32, seq=256, target_lr=1.5e-3,
+                    target_steps=600, target_batch=32, seq=256, target_lr=1.5e-3,
                     distill_seqs=4096, prompt_len=64, gen_len=192,
-                    drafter_steps=800, drafter_batch=32, drafter_lr=1e-3, draft_lm_steps=800,
-                    eval_prompts=8, eval_new_tokens=96, markov_rank=64),
+                    drafter_steps=400, drafter_batch=32, sequential_batch=16, drafter_lr=1e-3,
+                    draft_lm_steps=400, eval_prompts=8, eval_new_tokens=64, markov_rank=64),
     # a seconds-long build of the whole pipeline for the test suite
     "nano": Recipe("nano", vocab=300, target=Shape(32, 2, 2, 1, 64), draft_lm=Shape(32, 1, 2, 1, 64),
                    target_steps=12, target_batch=4, seq=32, target_lr=3e-3,
-                   distill_seqs=16, prompt_len=8, gen_len=24, drafter_steps=6, drafter_batch=4,
+                   distill_seqs=16, prompt_len=8, gen_len=24, drafter_steps=6, drafter_batch=4, sequential_batch=2,
                    drafter_lr=2e-3, draft_lm_steps=6, eval_prompts=2, eval_new_tokens=12, block=8,
                    markov_rank=4, store_dtype="float32", corpus_bytes=300_000),
 }
@@ -187,8 +188,9 @@ def build(preset: str, out: Path, device: str = "cpu", log=print) -> dict:
                           for k, p in prompts.items()}}
         for kind in KINDS:
             t = time.perf_counter()
+            batch = r.sequential_batch if kind == "sequential" else r.drafter_batch
             net = train.train_drafter(drafter_config(r, kind, cfg), target, seqs, feats, r.prompt_len,
-                                      r.drafter_steps, r.drafter_batch, r.drafter_lr, r.seed + 5,
+                                      r.drafter_steps, batch, r.drafter_lr, r.seed + 5,
                                       f"{role} {kind} drafter", log)
             timings[f"{role}_{kind}_s"] = time.perf_counter() - t
             name = f"{role}-{kind.replace('_', '-')}"
