@@ -213,8 +213,10 @@ def run_layers(cfg: ModelConfig, layers, x, cache: Cache | None, start: int, pos
     """The residual stream through `layers`; returns it and the concatenated features of feature_layers."""
     B, T, _ = x.shape
     parents = None  # a tree over the new rows (not a chain): GDN layers run its root paths
-    if cfg.is_hybrid and not torch.equal(tree_mask, torch.ones(T, T, dtype=torch.bool, device=x.device).tril()):
-        if B != 1 or cache is None or cache.static:
+    dynamic = cache is not None and not cache.static  # (static caches are captured in graphs: no syncs)
+    if cfg.is_hybrid and dynamic and not torch.equal(tree_mask, torch.ones(T, T, dtype=torch.bool,
+                                                                           device=x.device).tril()):
+        if B != 1:
             raise ValueError("tree verification of Gated DeltaNet layers needs batch 1 and a dynamic cache")
         anc = tree_mask.tril(-1).cpu()
         parents = [int(torch.nonzero(anc[i]).max()) if anc[i].any() else -1 for i in range(T)]

@@ -61,8 +61,7 @@ def randomize(module: torch.nn.Module, seed: int, std: float = 0.2) -> torch.nn.
 
 
 def random_model(cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32, device="cpu") -> Model:
-    with torch.device(device):
-        return randomize(Model(cfg), seed).to(dtype).eval()
+    return randomize(Model(cfg), seed).to(device=device, dtype=dtype).eval()
 
 
 def perturbed(model: Model, seed: int, noise: float) -> Model:
