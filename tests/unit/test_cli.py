@@ -85,3 +85,10 @@ def test_console_script_runs(ckpt):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert len(json.loads(r.stdout)["outputs"]) == 3
+
+
+def test_demo_runs_the_shipped_micro_pair(capsys):
+    assert main(["demo", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["trained"] and out["lossless"]
+    assert out["tree_tau_mean"] >= out["tau_mean"] >= 1.0
