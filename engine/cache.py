@@ -59,26 +59,25 @@ class Cache:
         """Keep n of the pending tokens: the first n, or those at indices `path` (len n)."""
         if not 0 <= n <= self.pending:
             raise ValueError(f"commit({n}) with {self.pending} pending tokens")
-        if path is not None:
-            if len(path) != n:
-                raise ValueError("path length must equal n")
-            if list(path) != list(range(n)):
-                for i in self.k:
-                    src = torch.tensor(path, device=self.k[i].device) + self.length
-                    dst = slice(self.length, self.length + n)
-                    self.k[i][:, :, dst] = self.k[i].index_select(2, src)
-                    self.v[i][:, :, dst] = self.v[i].index_select(2, src)
-        if n:
-            for i in self.h:
-                if i in self.pending_tree:
-                    self.h[i], self.conv[i] = replay_path(
-                        self.pending_tree[i], list(path or range(n)), self.h[i], self.conv[i])
-                elif path is not None and list(path) != list(range(n)):
-                    raise ValueError("a chain pass commits a prefix; only a tree pass commits a path")
-                else:
-                    self.h[i] = self.pending_h[i][:, n - 1].clone()
-                    k1 = self.cfg.linear_conv_kernel_dim - 1
-                    self.conv[i] = self.pending_conv[i][:, :, n : n + k1].clone()
+        path = list(range(n)) if path is None else list(path)
+        if len(path) != n:
+            raise ValueError("path length must equal n")
+        prefix = path == list(range(n))
+        if not prefix:  # compact the accepted rows' K/V into consecutive slots
+            dst = slice(self.length, self.length + n)
+            for i in self.k:
+                src = torch.tensor(path, device=self.k[i].device) + self.length
+                self.k[i][:, :, dst] = self.k[i].index_select(2, src)
+                self.v[i][:, :, dst] = self.v[i].index_select(2, src)
+        for i in self.h if n else ():
+            if i in self.pending_tree:
+                self.h[i], self.conv[i] = replay_path(self.pending_tree[i], path, self.h[i], self.conv[i])
+            elif not prefix:
+                raise ValueError("a chain pass commits a prefix; only a tree pass commits a path")
+            else:
+                k1 = self.cfg.linear_conv_kernel_dim - 1
+                self.h[i] = self.pending_h[i][:, n - 1].clone()
+                self.conv[i] = self.pending_conv[i][:, :, n : n + k1].clone()
         self.length += n
         self.pending = 0
         self.pending_h.clear()

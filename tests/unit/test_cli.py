@@ -92,3 +92,30 @@ def test_demo_runs_the_shipped_micro_pair(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["trained"] and out["lossless"]
     assert out["tree_tau_mean"] >= out["tau_mean"] >= 1.0
+
+
+def test_tree_mode_record_and_replay(ckpt, tmp_path, capsys):
+    rec = tmp_path / "rec.jsonl"
+    common = ["generate", "--target", str(ckpt / "target"), "--workload", str(ckpt / "w.jsonl"),
+              "--drafter", str(ckpt / "drafter"), "--dtype", "float64", "--draft-len", "6"]
+    ar = run_json(capsys, *common[:-4], "--dtype", "float64", "--mode", "ar")
+    tree = run_json(capsys, *common, "--mode", "tree", "--tree", "best-first:12", "--record", str(rec))
+    assert [o["tokens"] for o in tree["outputs"]] == [o["tokens"] for o in ar["outputs"]]
+    out = run_json(capsys, "replay", "--record", str(rec), "--policy", "best-first:12", "--policy", "chain",
+                   "--policy", "oracle", "--profile-out", str(tmp_path / "prof.json"))
+    taus = {r["policy"]: r["tau_mean"] for r in out["policies"]}
+    assert taus["best-first:12"] == pytest.approx(out["online_tau_mean"]) == pytest.approx(tree["tau_mean"])
+    assert taus["oracle"] >= taus["best-first:12"] and taus["oracle"] >= taus["chain"]
+    # the measured profile drives a Sequoia tree online
+    seq = run_json(capsys, *common, "--mode", "tree", "--tree", "sequoia:8", "--profile", str(tmp_path / "prof.json"))
+    assert [o["tokens"] for o in seq["outputs"]] == [o["tokens"] for o in ar["outputs"]]
+
+
+def test_bad_tree_policy_and_record(ckpt, tmp_path, capsys):
+    assert main(["generate", "--target", str(ckpt / "target"), "--drafter", "ngram", "--mode", "tree",
+                 "--tree", "bushy:3", "--prompt", "x"]) == 2
+    assert "tree policy" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "steps": [{"lattice": null}]}\n')
+    assert main(["replay", "--record", str(bad)]) == 2
+    assert "line 1" in capsys.readouterr().err
