@@ -14,6 +14,7 @@ from .checkpoint import CheckpointError, load_model
 from .decode import Result, generate
 from .drafters import load_drafter
 from .replay import make_policy
+from .trees import parse_policy
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 MODES = ("ar", "chain", "tree")
@@ -39,7 +40,11 @@ class EngineConfig:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r}: expected one of {tuple(DTYPES)}")
         if self.mode == "tree":
-            make_policy(self.tree, torch.zeros(1, 1) if self.profile else None)  # a bad spec fails here
+            name, _ = parse_policy(self.tree)
+            if name == "oracle":
+                raise ValueError("the oracle is a replay-only policy (specpilot replay --policy oracle)")
+            if name == "sequoia" and not self.profile:
+                raise ValueError("sequoia:N needs --profile FILE (from `specpilot replay --profile-out`)")
         if self.draft_len < 1 or self.max_new_tokens < 1:
             raise ValueError("draft_len and max_new_tokens must be positive")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
@@ -62,6 +67,18 @@ def load_tokenizer(folder):
         raise CheckpointError(f"{path}: cannot be read as a tokenizer ({e})") from None
 
 
+def read_profile(path) -> torch.Tensor:
+    """An acceptance profile [depth, k] written by `specpilot replay --profile-out`."""
+    try:
+        p = torch.tensor(json.loads(Path(path).read_text())["profile"], dtype=torch.float64)
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{path}: not an acceptance profile ({e}); write one with "
+                         "`specpilot replay --record FILE --profile-out PROFILE`") from None
+    if p.dim() != 2 or (p < 0).any() or (p > 1).any():
+        raise ValueError(f"{path}: a profile is a [depth, k] table of probabilities")
+    return p
+
+
 class Engine:
     def __init__(self, cfg: EngineConfig):
         cfg.validate()
@@ -72,8 +89,7 @@ class Engine:
         self.tokenizer = load_tokenizer(cfg.target)
         self.policy = None
         if cfg.mode == "tree":
-            profile = torch.tensor(json.loads(Path(cfg.profile).read_text())["profile"]) if cfg.profile else None
-            self.policy = make_policy(cfg.tree, profile)
+            self.policy = make_policy(cfg.tree, read_profile(cfg.profile) if cfg.profile else None)
 
     def encode(self, req) -> list[int]:
         if getattr(req, "prompt_ids", None) is not None:

@@ -119,3 +119,11 @@ def test_bad_tree_policy_and_record(ckpt, tmp_path, capsys):
     bad.write_text('{"id": "a", "steps": [{"lattice": null}]}\n')
     assert main(["replay", "--record", str(bad)]) == 2
     assert "line 1" in capsys.readouterr().err
+
+
+def test_bad_profile_file(ckpt, tmp_path, capsys):
+    bad = tmp_path / "p.json"
+    bad.write_text('{"nope": 1}')
+    assert main(["generate", "--target", str(ckpt / "target"), "--drafter", "ngram", "--mode", "tree",
+                 "--tree", "sequoia:4", "--profile", str(bad), "--workload", str(ckpt / "w.jsonl")]) == 2
+    assert "not an acceptance profile" in capsys.readouterr().err
