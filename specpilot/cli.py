@@ -89,6 +89,7 @@ def cmd_demo(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from specpilot import force_cli
     from specpilot.zoo import cli as zoo_cli
 
     parser = argparse.ArgumentParser(prog="specpilot", description=__doc__)
@@ -115,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     zoo_cli.register(sub)
+    force_cli.register(sub)
     return parser
 
 

@@ -1,0 +1,109 @@
+"""`specpilot force`: token forcing of a system's outputs against stock's, from the command line.
+
+This module composes two services in one process, which only `specpilot/` may do (DESIGN.md §2):
+the controller's pure token-forcing logic (`services/controller/forcing.py`) and a local scorer
+from the GPU worker (`services/gpu_worker/scoring.py`). torch and the engine load only when the
+command runs, so registering the command costs nothing.
+
+Outputs files are JSON lines, one `{"id", "prompt_ids", "tokens"}` object per request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from specpilot.services.controller.forcing import (
+    ForcingSettings,
+    SystemOutput,
+    calibrate_delta,
+    check_forcing,
+)
+
+
+def register(subparsers) -> None:
+    f = subparsers.add_parser(
+        "force", help="token forcing: judge a system's outputs against stock's with the scorer",
+        description="Teacher-force a candidate's and stock's outputs through the scorer (the target with an "
+                    "FP32 LM head); count mismatches and events (mismatches with margin >= 2δ); verdict.")
+    f.add_argument("--scorer", required=True, metavar="DIR", help="the stock target's checkpoint folder")
+    f.add_argument("--outputs", required=True, metavar="FILE",
+                   help='the candidate\'s outputs: JSON lines {"id", "prompt_ids", "tokens"}')
+    f.add_argument("--baseline", required=True, metavar="FILE", help="stock's outputs on the same requests, same format")
+    f.add_argument("--delta", type=float, metavar="X", help="near-tie threshold δ in nat (from Phase 0)")
+    f.add_argument("--ar", metavar="FILE",
+                   help="without --delta: AR outputs on the same requests; δ is calibrated from stock vs AR (Phase 0)")
+    f.add_argument("--device", default="cpu", help="scorer device: cpu, cuda or cuda:N")
+    f.add_argument("--json", action="store_true", help="print one JSON object")
+    f.set_defaults(func=run)
+
+
+def read_outputs(path) -> list[SystemOutput]:
+    """A system's outputs from a JSON-lines file; errors name the file and line."""
+    out = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            o = SystemOutput(str(d["id"]), tuple(int(t) for t in d["prompt_ids"]), tuple(int(t) for t in d["tokens"]))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            raise ValueError(f'{path}:{n}: expected {{"id", "prompt_ids", "tokens"}} with integer token ids ({e})') from None
+        out.append(o)
+    if not out:
+        raise ValueError(f"{path} holds no outputs")
+    return out
+
+
+def run(args) -> int:
+    from specpilot.services.gpu_worker.scoring import load_scorer, score
+
+    candidate, baseline = read_outputs(args.outputs), read_outputs(args.baseline)
+    if args.delta is None and args.ar is None:
+        raise ValueError("give --delta X, or --ar FILE (AR outputs) to calibrate δ from stock vs AR")
+    if args.delta is not None and not args.delta > 0:
+        raise ValueError(f"--delta must be > 0; got {args.delta}")
+    model = load_scorer(args.scorer, args.device)
+
+    memo = {}  # with --ar, stock's outputs are scored for calibration and again for the report
+
+    def scorer(prompt_ids, tokens):
+        key = (tuple(prompt_ids), tuple(tokens))
+        if key not in memo:
+            memo[key] = score(model, list(prompt_ids), list(tokens))
+        return memo[key]
+
+    delta = args.delta
+    if delta is None:
+        ar = {o.id: o for o in read_outputs(args.ar)}
+        base = {o.id: o for o in baseline}
+        if ar.keys() != base.keys():
+            raise ValueError(f"{args.ar} and {args.baseline} must cover the same requests")
+        delta = calibrate_delta({i: o.tokens for i, o in base.items()}, {i: ar[i].tokens for i in base},
+                                {i: scorer(o.prompt_ids, o.tokens) for i, o in base.items()})
+    out = check_forcing(candidate, baseline, scorer, delta, ForcingSettings())
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(format_result(out, args.delta is None))
+    return 0 if out["passed"] else 1  # like a test run: a rejected candidate fails the command
+
+
+def format_result(out: dict, calibrated: bool = False) -> str:
+    lines = [f"δ = {out['delta']:g} nat{' (calibrated from stock vs AR)' if calibrated else ''}; "
+             f"event = mismatch with margin >= {out['candidate']['event_threshold']:g} nat"]
+    for name in ("candidate", "baseline"):
+        r = out[name]
+        q = r["margin_quantiles"]
+        qs = " ".join(f"{k}:{v:.3f}" if v is not None else f"{k}:-" for k, v in q.items())
+        lines.append(f"{name:9s} {r['tokens']} tokens · mismatches {r['mismatches']} ({r['mismatch_rate']:.3%}) · "
+                     f"events {r['events']} ({r['event_rate']:.3%}) · mismatch margins {qs}")
+    worst = out["candidate"]["worst_events"]
+    if worst:
+        lines.append("candidate's worst events:")
+        for e in worst:
+            lines.append(f"  {e['request_id']} @{e['position']}: token {e['token']} vs argmax {e['argmax']}, "
+                         f"margin {e['margin']:.3f}  after {e['context']}")
+    lines.append("PASS" if out["passed"] else "REJECT: " + "; ".join(out["reasons"]))
+    return "\n".join(lines)
