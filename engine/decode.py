@@ -73,10 +73,12 @@ def _emit(out: list[int], new: list[int], eos: set[int], limit: int) -> bool:
 @torch.no_grad()
 def generate(target: Model, prompt: list[int], max_new_tokens: int, drafter: Drafter | None = None,
              draft_len: int = 8, eos: set[int] | None = None, policy: Policy | None = None,
-             record: list | None = None) -> Result:
+             record: list | None = None, logit_bias: torch.Tensor | None = None) -> Result:
     """AR when drafter is None; else speculative decoding with `draft_len` drafted positions,
     verifying the tree that `policy` builds from each lattice (stock chain by default).
-    `record`, when given, receives one `StepRecord` per target pass (see replay.py)."""
+    `record`, when given, receives one `StepRecord` per target pass (see replay.py).
+    `logit_bias` [V] is a planted defect for the controller's self-tests (added to the target's
+    logits before every argmax); never set it otherwise."""
     if not prompt:
         raise ValueError("prompt must hold at least one token")
     if max_new_tokens <= 0:
@@ -93,7 +95,8 @@ def generate(target: Model, prompt: list[int], max_new_tokens: int, drafter: Dra
     t0 = _clock(dev)
     out = target(torch.tensor([prompt], device=dev), cache, feature_layers=feat_layers)
     cache.commit(len(prompt))
-    newest = int(out.logits[0, -1].argmax())
+    bias = logit_bias.to(out.logits) if logit_bias is not None else 0
+    newest = int((out.logits[0, -1] + bias).argmax())
     if drafter is not None:
         drafter.reset(max_len)
         drafter.observe(list(prompt), list(prompt[1:]) + [newest],
@@ -112,7 +115,7 @@ def generate(target: Model, prompt: list[int], max_new_tokens: int, drafter: Dra
         positions = cache.length + torch.tensor([tree.depths], device=dev)
         out = target(torch.tensor([tree.tokens], device=dev), cache, positions=positions,
                      tree_mask=None if chain else tree.ancestor_mask(dev), feature_layers=feat_layers)
-        argmax = out.logits[0].argmax(-1).tolist()
+        argmax = (out.logits[0] + bias).argmax(-1).tolist()
         tc = _clock(dev)
         path = tree.accept(argmax)
         cache.commit(len(path), None if chain else path)

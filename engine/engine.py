@@ -31,6 +31,9 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "cpu"
     max_new_tokens: int = 64
+    # planted defects, for the controller's self-tests only: "logit_bias:TOKEN,TOKEN:NATS" adds
+    # NATS to those tokens' logits; "slowdown:F" makes every generation F × slower (busy wait)
+    defect: str | None = None
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -45,6 +48,8 @@ class EngineConfig:
                 raise ValueError("the oracle is a replay-only policy (specpilot replay --policy oracle)")
             if name == "sequoia" and not self.profile:
                 raise ValueError("sequoia:N needs --profile FILE (from `specpilot replay --profile-out`)")
+        if self.defect is not None:
+            parse_defect(self.defect)
         if self.draft_len < 1 or self.max_new_tokens < 1:
             raise ValueError("draft_len and max_new_tokens must be positive")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
@@ -65,6 +70,19 @@ def load_tokenizer(folder):
         return Tokenizer.from_file(str(path))
     except Exception as e:  # the tokenizers library raises plain Exceptions on bad files
         raise CheckpointError(f"{path}: cannot be read as a tokenizer ({e})") from None
+
+
+def parse_defect(spec: str) -> tuple[dict[int, float], float]:
+    """'logit_bias:T1,T2:NATS' → ({token: nats}, 0) or 'slowdown:F' → ({}, F)."""
+    try:
+        kind, *args = spec.split(":")
+        if kind == "logit_bias" and len(args) == 2:
+            return {int(t): float(args[1]) for t in args[0].split(",")}, 0.0
+        if kind == "slowdown" and len(args) == 1 and float(args[0]) >= 0:
+            return {}, float(args[0])
+        raise ValueError("unknown form")
+    except ValueError as e:
+        raise ValueError(f"defect {spec!r} ({e}): expected logit_bias:TOKEN,TOKEN:NATS or slowdown:F") from None
 
 
 def read_profile(path) -> torch.Tensor:
@@ -88,6 +106,13 @@ class Engine:
         self.drafter = load_drafter(cfg.drafter, dtype, cfg.device, self.target) if cfg.mode != "ar" else None
         self.tokenizer = load_tokenizer(cfg.target)
         self.policy = None
+        biased, self.slowdown = parse_defect(cfg.defect) if cfg.defect else ({}, 0.0)
+        self.bias = None
+        if biased:
+            if not all(0 <= t < self.target.cfg.vocab_size for t in biased):
+                raise ValueError(f"defect {cfg.defect!r}: a token lies outside the vocabulary")
+            self.bias = torch.zeros(self.target.cfg.vocab_size, dtype=torch.float64)
+            self.bias[list(biased)] = torch.tensor(list(biased.values()), dtype=torch.float64)
         if cfg.mode == "tree":
             self.policy = make_policy(cfg.tree, read_profile(cfg.profile) if cfg.profile else None)
 
@@ -109,8 +134,14 @@ class Engine:
 
     def generate(self, req, record: list | None = None) -> Result:
         n = getattr(req, "max_new_tokens", None) or self.cfg.max_new_tokens
-        return generate(self.target, self.encode(req), n, self.drafter, self.cfg.draft_len,
-                        policy=self.policy, record=record)
+        t0 = time.perf_counter()
+        res = generate(self.target, self.encode(req), n, self.drafter, self.cfg.draft_len,
+                       policy=self.policy, record=record, logit_bias=self.bias)
+        if self.slowdown:  # a silent slowdown: the same output, later
+            until = time.perf_counter() + self.slowdown * (time.perf_counter() - t0)
+            while time.perf_counter() < until:
+                pass
+        return res
 
     def run(self, requests, progress=None, records: list | None = None) -> dict:
         """The CLI's JSON: outputs, mean τ over all steps, tokens/s over all generation time.

@@ -79,6 +79,23 @@ def cmd_replay(args) -> int:
     return 0
 
 
+def cmd_selftest(args) -> int:
+    from specpilot.selftest import run_selftest
+
+    out = run_selftest(trials=args.trials, progress=not args.json)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"token forcing (δ {out['delta']}): lossless mechanisms pass: {out['lossless_passed']}")
+    print(f"  planted logit bias rejected in {out['defect_rejected']} of {out['defect_trials']} trials that flip "
+          f"≥ 1 % of tokens ({out['defect_trials_below_1pct_flips']} trials flipped less)")
+    print(f"  a bias that flips no argmax passes: {out['no_flip_bias_passed']}")
+    print(f"paired runs ({out['paired_runs']}): A/A accepted {out['aa_accepted']}/{out['aa_trials']}, "
+          f"3 % slowdown accepted {out['slowdown_accepted']}/{out['slowdown_trials']}, 12 % speedup accepted "
+          f"{out['speedup_accepted']}/{out['speedup_trials']}, label swap inverts the gain: {out['swap_inverts']}")
+    return 0
+
+
 def cmd_demo(args) -> int:
     from specpilot.demo import run_demo
 
@@ -110,6 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--profile-out", metavar="FILE", help="write the measured acceptance profile (for sequoia)")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.set_defaults(func=cmd_replay)
+
+    st = sub.add_parser("selftest", help="the controller's self-tests: planted defects, A/A, slowdown, swap")
+    st.add_argument("--trials", type=int, default=20, metavar="N", help="planted logit-bias trials (default 20)")
+    st.add_argument("--json", action="store_true", help="print one JSON object")
+    st.set_defaults(func=cmd_selftest)
 
     d = sub.add_parser("demo", help="speculative generation on the shipped micro models")
     d.add_argument("--json", action="store_true", help="print one JSON object")
