@@ -79,6 +79,42 @@ def cmd_replay(args) -> int:
     return 0
 
 
+def cmd_pair(args) -> int:
+    from specpilot.engine.engine import EngineConfig
+    from specpilot.services.controller.pairing import device_list, judge, write_verdict
+    from specpilot.zoo.workloads import read_workload
+
+    def config(path):
+        try:
+            cfg = json.loads(Path(path).read_text())
+            EngineConfig(**cfg).validate()
+        except (OSError, json.JSONDecodeError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: not a system config ({e}); write a JSON object of EngineConfig fields, "
+                             'e.g. {"target": "DIR", "drafter": "DIR", "mode": "chain"}') from None
+        return cfg
+
+    cand, inc = config(args.candidate), config(args.incumbent)
+    stock = config(args.stock) if args.stock else {**inc, "mode": "chain"}
+    reqs = [{k: v for k, v in {"id": r.id, "prompt": r.prompt, "prompt_ids": list(r.prompt_ids) if r.prompt_ids
+             else None, "max_new_tokens": r.max_new_tokens}.items() if v is not None} for r in read_workload(args.workload)]
+    devices = device_list(args.devices)
+    steps = 2 * args.repeats * (2 if len(devices) == 1 else 1)
+    with tqdm(total=2 * steps, desc="paired runs", unit="step", file=sys.stderr, disable=args.json) as bar:
+        record = judge(cand, inc, stock, reqs, devices, args.repeats, timeout=args.timeout, progress=bar.update)
+    path = write_verdict(record, args.verdicts)
+    out = {k: record[k] for k in ("gain", "lower_bound", "stock_noise", "threshold", "accepted", "reasons",
+                                  "outputs_differ")} | {"verdict": str(path)}
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"gain ×{out['gain']:.4f}, 95 % lower bound ×{out['lower_bound']:.4f}, stock noise {out['stock_noise']:.4f}"
+          f" → {'ACCEPTED' if out['accepted'] else 'rejected'} (bound − 1 had to clear {out['threshold']:.4f})")
+    for r in out["reasons"]:
+        print(f"  {r}")
+    print(f"verdict: {path}")
+    return 0
+
+
 def cmd_selftest(args) -> int:
     from specpilot.selftest import run_selftest
 
@@ -128,6 +164,19 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.set_defaults(func=cmd_replay)
 
+    pr = sub.add_parser("pair", help="paired, swapped timing of two systems, each in its own process; a verdict")
+    pr.add_argument("--candidate", required=True, metavar="CONFIG", help="JSON file of EngineConfig fields")
+    pr.add_argument("--incumbent", required=True, metavar="CONFIG", help="JSON file of EngineConfig fields")
+    pr.add_argument("--stock", metavar="CONFIG", help="stock system for the noise run (default: the incumbent's "
+                    "target and drafter, chain mode)")
+    pr.add_argument("--workload", required=True, metavar="FILE.jsonl")
+    pr.add_argument("--devices", default="cpu,cpu", help="cpu,cpu (one core each) | cuda:0,cuda:1 | one device: ABBA")
+    pr.add_argument("--repeats", type=int, default=14, metavar="N", help="swapped pairs per comparison (default 14)")
+    pr.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per worker call (default 600 s)")
+    pr.add_argument("--verdicts", default="verdicts", metavar="DIR", help="where verdict records are stored")
+    pr.add_argument("--json", action="store_true", help="print one JSON object")
+    pr.set_defaults(func=cmd_pair)
+
     st = sub.add_parser("selftest", help="the controller's self-tests: planted defects, A/A, slowdown, swap")
     st.add_argument("--trials", type=int, default=20, metavar="N", help="planted logit-bias trials (default 20)")
     st.add_argument("--json", action="store_true", help="print one JSON object")
@@ -148,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (CheckpointError, ValueError, FileNotFoundError) as e:
+    except (CheckpointError, ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"specpilot {args.command}: error: {e}", file=sys.stderr)
         return 2
 

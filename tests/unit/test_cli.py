@@ -127,3 +127,12 @@ def test_bad_profile_file(ckpt, tmp_path, capsys):
     assert main(["generate", "--target", str(ckpt / "target"), "--drafter", "ngram", "--mode", "tree",
                  "--tree", "sequoia:4", "--profile", str(bad), "--workload", str(ckpt / "w.jsonl")]) == 2
     assert "not an acceptance profile" in capsys.readouterr().err
+
+
+def test_pair_rejects_a_bad_system_config(ckpt, tmp_path, capsys):
+    bad = tmp_path / "c.json"
+    bad.write_text('{"target": "x", "mode": "warp"}')
+    assert main(["pair", "--candidate", str(bad), "--incumbent", str(bad), "--workload",
+                 str(ckpt / "w.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "c.json" in err and "not a system config" in err

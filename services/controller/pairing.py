@@ -1,0 +1,159 @@
+"""Paired, swapped runs of two systems (DESIGN.md §5).
+
+Each system runs in a worker process that the controller starts (the GPU worker's local stand-in,
+reached by module name, never imported) with a hard timeout. The controller does the timing: the
+round trip of a Generate call, which returns only after the worker's device has finished. It
+keeps every timed run's outputs and re-checks them. Verdict records are JSON files written once
+(never rewritten) with the controller's own code hash, the inputs, the raw samples and the decision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import select
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from . import stats
+
+WORKER = "specpilot.services.gpu_worker.local"
+
+
+class Worker:
+    """The controller's handle on one system in its own process."""
+
+    def __init__(self, engine: dict, device: str, timeout: float):
+        self.timeout, self.device = timeout, device
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen([sys.executable, "-m", WORKER, json.dumps({"engine": engine, "device": device})],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self._read("start")
+
+    def _read(self, what: str) -> dict:
+        ready, _, _ = select.select([self.proc.stdout], [], [], self.timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        if not ready or not line:
+            self.close()
+            self.log.seek(0)
+            tail = self.log.read()[-800:]
+            why = f"no answer within {self.timeout} s" if not ready else "the worker exited"
+            raise RuntimeError(f"worker on {self.device}: {what} failed ({why}). Its last output:\n{tail}")
+        return json.loads(line)
+
+    def generate(self, requests: list[dict]) -> tuple[list[list[int]], float]:
+        t0 = time.perf_counter()
+        self.proc.stdin.write(json.dumps({"requests": requests}) + "\n")
+        self.proc.stdin.flush()
+        msg = self._read("generate")
+        seconds = time.perf_counter() - t0
+        if "error" in msg:
+            raise ValueError(f"worker on {self.device} refused the requests: {msg['error']}")
+        return msg["outputs"], seconds
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def device_list(spec: str) -> list[str]:
+    """'cpu,cpu' → ['cpu:0', 'cpu:1'] (one core each); 'cuda:0,cuda:1' as given; 1 or 2 entries."""
+    devs = [d.strip() for d in spec.split(",") if d.strip()]
+    if len(devs) not in (1, 2):
+        raise ValueError(f"--devices {spec!r}: give one or two devices, e.g. cpu,cpu or cuda:0,cuda:1")
+    return [f"cpu:{i}" if d == "cpu" else d for i, d in enumerate(devs)]
+
+
+def run_pair(candidate: dict, incumbent: dict, requests: list[dict], devices: list[str], repeats: int,
+             timeout: float = 600.0, progress=None) -> dict:
+    """Time candidate against incumbent on the swapped schedule. Returns the samples and the
+    outputs of every timed run per system."""
+    runs = stats.schedule([("workload", 1)], len(devices), repeats)
+    configs = {stats.CANDIDATE: candidate, stats.INCUMBENT: incumbent}
+    workers = {}
+    try:
+        for system, cfg in configs.items():
+            for d in {r.device for r in runs}:
+                workers[system, d] = Worker(cfg, devices[d], timeout)
+        for w in workers.values():
+            w.generate(requests)  # warm-up, untimed
+        tps, outputs = [0.0] * len(runs), {s: [] for s in configs}
+        for step in sorted({r.step for r in runs}):
+            idx = [i for i, r in enumerate(runs) if r.step == step]
+            results: dict[int, tuple] = {}
+
+            def one(i):
+                try:
+                    results[i] = workers[runs[i].system, runs[i].device].generate(requests)
+                except Exception as e:  # noqa: BLE001 — re-raised below in this thread
+                    results[i] = e
+
+            threads = [threading.Thread(target=one, args=(i,)) for i in idx]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for i in idx:
+                if isinstance(results[i], Exception):
+                    raise results[i]
+                outs, seconds = results[i]
+                tps[i] = sum(len(o) for o in outs) / seconds
+                outputs[runs[i].system].append(outs)
+            if progress:
+                progress(1)
+    finally:
+        for w in workers.values():
+            w.close()
+    return {"samples": stats.pair(runs, tps), "outputs": outputs}
+
+
+def code_hash() -> str:
+    """sha256 over the controller's own source files, in name order."""
+    h = hashlib.sha256()
+    for f in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def judge(candidate: dict, incumbent: dict, stock: dict, requests: list[dict], devices: list[str], repeats: int,
+          settings: stats.Settings = stats.Settings(), timeout: float = 600.0, progress=None) -> dict:
+    """Candidate vs incumbent and stock vs stock (the noise), both swapped; the decision."""
+    main = run_pair(candidate, incumbent, requests, devices, repeats, timeout, progress)
+    aa = run_pair(stock, stock, requests, devices, repeats, timeout, progress)
+    cand_out, inc_out = main["outputs"][stats.CANDIDATE], main["outputs"][stats.INCUMBENT]
+    deterministic = all(o == cand_out[0] for o in cand_out) and all(o == inc_out[0] for o in inc_out)
+    est, noise = stats.gain(main["samples"], settings.confidence), stats.gain(aa["samples"], settings.confidence)
+    decision = stats.decide(est, noise, outputs_differ=cand_out[0] != inc_out[0], settings=settings)
+    reasons = list(decision.reasons)
+    accepted = decision.accepted and deterministic
+    if not deterministic:
+        reasons.append("a system's outputs changed between timed runs: its timing cannot be trusted")
+    return {
+        "candidate": candidate, "incumbent": incumbent, "stock": stock,
+        "controller_code_sha256": code_hash(), "devices": devices, "repeats": repeats,
+        "requests": requests, "settings": dataclasses.asdict(settings),
+        "samples": [dataclasses.asdict(s) for s in main["samples"]],
+        "stock_samples": [dataclasses.asdict(s) for s in aa["samples"]],
+        "gain": est.gain, "lower_bound": est.lower, "stock_noise": decision.stock_noise,
+        "threshold": decision.threshold, "outputs_differ": cand_out[0] != inc_out[0],
+        "outputs_deterministic": deterministic, "accepted": accepted, "reasons": reasons,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def write_verdict(record: dict, folder) -> Path:
+    """Store a verdict as <id>.json, id = sha256 of its content; an existing one is never rewritten."""
+    body = json.dumps(record, indent=1, sort_keys=True)
+    vid = hashlib.sha256(body.encode()).hexdigest()[:16]
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{vid}.json"
+    with open(path, "x") as f:  # 'x': fails rather than overwrite
+        f.write(body)
+    return path

@@ -1,0 +1,48 @@
+"""A GPU worker in its own process, speaking JSON lines on stdin/stdout: the local stand-in for
+the gRPC server (DESIGN.md §2), used by the embedded mode and the controller's paired runs.
+
+  python -m specpilot.services.gpu_worker.local '{"engine": {...EngineConfig...}, "device": "cpu:0"}'
+
+It loads the system, prints {"ready": true}, then answers each {"requests": [...]} line (workload
+request objects) with {"outputs": [[token, ...], ...]} once the device has finished. It never
+reports a time: the controller times the round trip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(argv[0])
+    device = spec.get("device", "cpu")
+    engine_cfg = dict(spec["engine"])
+    if device.startswith("cpu:"):  # one core per system, as the paired design wants
+        os.sched_setaffinity(0, {int(device.split(":")[1])})
+        torch.set_num_threads(1)
+        engine_cfg["device"] = "cpu"
+    else:
+        engine_cfg["device"] = device
+    from specpilot.engine.engine import Engine, EngineConfig
+    from specpilot.zoo.workloads import request_from_json
+
+    engine = Engine(EngineConfig(**engine_cfg))
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        try:
+            reqs = [request_from_json(r) for r in json.loads(line)["requests"]]
+            outs = [engine.generate(r).tokens for r in reqs]
+            if engine_cfg["device"].startswith("cuda"):
+                torch.cuda.synchronize()
+            print(json.dumps({"outputs": outs}), flush=True)
+        except (ValueError, KeyError, TypeError) as e:  # a bad request is answered, never fatal
+            print(json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,51 @@
+"""Real paired runs: systems in worker processes the controller starts and times."""
+
+import json
+
+import pytest
+
+from specpilot.demo import micro_pair
+from specpilot.services.controller import pairing
+from specpilot.zoo.workloads import stdlib_completion
+
+TARGET, DRAFTER, _ = micro_pair()
+STOCK = {"target": str(TARGET), "drafter": str(DRAFTER), "mode": "chain", "max_new_tokens": 12}
+REQS = [{"id": r.id, "prompt": r.prompt} for r in stdlib_completion(limit=2)]
+
+
+def test_stock_against_stock_is_not_accepted_and_the_verdict_is_sealed(tmp_path):
+    rec = pairing.judge(STOCK, STOCK, STOCK, REQS, ["cpu:0", "cpu:1"], repeats=2)
+    assert not rec["accepted"]
+    assert len(rec["samples"]) == len(rec["stock_samples"]) == 4  # 2 repeats × 2 swapped slots
+    assert {s["slot"] for s in rec["samples"]} == {0, 1}
+    assert all(s["candidate_tps"] > 0 and s["incumbent_tps"] > 0 for s in rec["samples"])
+    assert rec["outputs_deterministic"] and not rec["outputs_differ"]
+    assert len(rec["controller_code_sha256"]) == 64
+    path = pairing.write_verdict(rec, tmp_path)
+    assert json.loads(path.read_text())["samples"] == rec["samples"]
+    with pytest.raises(FileExistsError):
+        pairing.write_verdict(rec, tmp_path)  # never rewritten
+
+
+def test_one_device_interleaves_abba():
+    out = pairing.run_pair(STOCK, {**STOCK, "mode": "ar"}, REQS, ["cpu:0"], repeats=1)
+    assert sorted(s.slot for s in out["samples"]) == [0, 1]
+    assert out["outputs"]["candidate"][0] == out["outputs"]["incumbent"][0]  # lossless: same tokens
+
+
+def test_a_worker_that_cannot_start_is_reported_with_its_output():
+    with pytest.raises(RuntimeError, match="worker exited") as e:
+        pairing.Worker({"target": "/nonexistent", "mode": "ar"}, "cpu:0", timeout=120)
+    assert "nonexistent" in str(e.value)
+
+
+def test_a_hung_worker_hits_the_timeout():
+    with pytest.raises(RuntimeError, match="no answer within"):
+        pairing.Worker(STOCK, "cpu:0", timeout=0.01)
+
+
+def test_device_list():
+    assert pairing.device_list("cpu,cpu") == ["cpu:0", "cpu:1"]
+    assert pairing.device_list("cuda:0,cuda:1") == ["cuda:0", "cuda:1"]
+    with pytest.raises(ValueError, match="one or two"):
+        pairing.device_list("cpu,cpu,cpu")
