@@ -118,7 +118,7 @@ def cmd_pair(args) -> int:
 def cmd_selftest(args) -> int:
     from specpilot.selftest import run_selftest
 
-    out = run_selftest(trials=args.trials, progress=not args.json)
+    out = run_selftest(trials=args.trials, progress=not args.json, real_runs=args.real_runs)
     if args.json:
         print(json.dumps(out))
         return 0
@@ -129,6 +129,10 @@ def cmd_selftest(args) -> int:
     print(f"paired runs ({out['paired_runs']}): A/A accepted {out['aa_accepted']}/{out['aa_trials']}, "
           f"3 % slowdown accepted {out['slowdown_accepted']}/{out['slowdown_trials']}, 12 % speedup accepted "
           f"{out['speedup_accepted']}/{out['speedup_trials']}, label swap inverts the gain: {out['swap_inverts']}")
+    if args.real_runs:
+        print(f"real paired runs (2 cores): A/A accepted {out['real_aa_accepted']}/{out['real_aa_runs']}, "
+              f"3 % slowdown accepted: {out['real_slowdown_accepted']}, "
+              f"AR (faster on CPU) accepted: {out['real_speedup_accepted']}")
     return 0
 
 
@@ -179,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("selftest", help="the controller's self-tests: planted defects, A/A, slowdown, swap")
     st.add_argument("--trials", type=int, default=20, metavar="N", help="planted logit-bias trials (default 20)")
+    st.add_argument("--real-runs", type=int, default=5, metavar="N", help="real A/A paired runs (default 5)")
     st.add_argument("--json", action="store_true", help="print one JSON object")
     st.set_defaults(func=cmd_selftest)
 

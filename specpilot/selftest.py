@@ -5,7 +5,8 @@ lossless mechanism (stock chain, a best-first tree, AR) must pass; a planted log
 at least 1 % of the tokens must be rejected; a bias too small to flip any argmax must pass.
 Paired-run statistics, on simulated measurements with this machine's CPU noise
 (`services/controller/stats.selftest`): stock against stock (A/A), a silent 3 % slowdown, a 12 %
-speedup, and the label swap that must invert the gain.
+speedup, and the label swap that must invert the gain; then real paired runs on the two cores:
+A/A, the planted slowdown, and AR (faster than the chain on CPU micro models) against stock.
 """
 
 from __future__ import annotations
@@ -22,7 +23,29 @@ from specpilot.services.gpu_worker.scoring import load_scorer, score
 from specpilot.zoo.workloads import stdlib_completion
 
 
-def run_selftest(trials: int = 20, prompts: int = 8, new_tokens: int = 32, seed: int = 0, progress=True) -> dict:
+def real_pairs(target, drafter, real_runs: int, repeats: int, progress) -> dict:
+    """Real paired runs on this machine's two cores (workers in their own processes): stock against
+    stock, a silent 3 % slowdown of stock, and AR against stock (on CPU micro models AR is faster)."""
+    from specpilot.services.controller.pairing import judge
+
+    stock = {"target": str(target), "drafter": str(drafter), "mode": "chain", "max_new_tokens": 24}
+    reqs = [{"id": r.id, "prompt": r.prompt} for r in stdlib_completion(limit=4)]
+    bar = tqdm(total=real_runs + 2, desc="real paired runs", disable=not progress, leave=False)
+
+    def accepted(candidate):
+        ok = judge(candidate, stock, stock, reqs, ["cpu:0", "cpu:1"], repeats)["accepted"]
+        bar.update(1)
+        return ok
+
+    out = {"real_aa_accepted": sum(accepted(stock) for _ in range(real_runs)), "real_aa_runs": real_runs,
+           "real_slowdown_accepted": accepted({**stock, "defect": "slowdown:0.03"}),
+           "real_speedup_accepted": accepted({**stock, "mode": "ar"})}
+    bar.close()
+    return out
+
+
+def run_selftest(trials: int = 20, prompts: int = 8, new_tokens: int = 32, seed: int = 0, progress=True,
+                 real_runs: int = 5, repeats: int = 6) -> dict:
     target, drafter, trained = micro_pair()
     if not trained:
         raise ValueError("selftest needs the shipped micro checkpoints (zoo/checkpoints/micro); "
@@ -74,5 +97,6 @@ def run_selftest(trials: int = 20, prompts: int = 8, new_tokens: int = 32, seed:
         "slowdown_accepted": sim["slowdown_accepted"], "slowdown_trials": sim["slowdown_trials"],
         "speedup_accepted": sim["speedup_accepted"], "speedup_trials": sim["speedup_trials"],
         "swap_inverts": sim["swap_inverts"],
-        "paired_runs": "simulated (services/controller/stats.simulate): no real paired timing harness yet",
+        "paired_runs": f"{sim['aa_trials']} simulated trials per case (stats.simulate, CPU noise) + real runs",
+        **(real_pairs(target, drafter, real_runs, repeats, progress) if real_runs else {}),
     }

@@ -8,7 +8,7 @@ from specpilot.selftest import run_selftest
 
 
 def test_selftest_catches_planted_defects_and_passes_lossless_systems():
-    out = run_selftest(trials=4, prompts=4, new_tokens=24, progress=False)
+    out = run_selftest(trials=4, prompts=4, new_tokens=24, progress=False, real_runs=0)
     assert all(out["lossless_passed"].values())
     assert out["defect_trials"] >= 3 and out["defect_rejected"] == out["defect_trials"]
     assert all(r["flip_rate"] > 0 for r in out["defect_runs"])
@@ -31,11 +31,11 @@ def test_selftest_cli_json(capsys, monkeypatch):
     import specpilot.selftest as st
 
     real = st.run_selftest
-    monkeypatch.setattr(st, "run_selftest", lambda trials, progress: real(trials=2, prompts=2, new_tokens=16,
-                                                                          progress=False))
+    monkeypatch.setattr(st, "run_selftest", lambda trials, progress, real_runs: real(
+        trials=2, prompts=2, new_tokens=16, progress=False, real_runs=0))
     import json
 
-    assert main(["selftest", "--json"]) == 0
+    assert main(["selftest", "--json", "--real-runs", "0"]) == 0
     out = json.loads(capsys.readouterr().out)
     for key in ("defect_rejected", "defect_trials", "aa_accepted", "aa_trials", "slowdown_accepted",
                 "speedup_accepted", "swap_inverts"):
