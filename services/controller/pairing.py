@@ -19,8 +19,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from . import stats
+from .forcing import SystemOutput, calibrate_delta, check_forcing
 
 WORKER = "specpilot.services.gpu_worker.local"
 
@@ -46,15 +48,26 @@ class Worker:
             raise RuntimeError(f"worker on {self.device}: {what} failed ({why}). Its last output:\n{tail}")
         return json.loads(line)
 
-    def generate(self, requests: list[dict]) -> tuple[list[list[int]], float]:
+    def call(self, msg: dict, what: str) -> tuple[dict, float]:
         t0 = time.perf_counter()
-        self.proc.stdin.write(json.dumps({"requests": requests}) + "\n")
+        self.proc.stdin.write(json.dumps(msg) + "\n")
         self.proc.stdin.flush()
-        msg = self._read("generate")
+        reply = self._read(what)
         seconds = time.perf_counter() - t0
-        if "error" in msg:
-            raise ValueError(f"worker on {self.device} refused the requests: {msg['error']}")
-        return msg["outputs"], seconds
+        if "error" in reply:
+            raise ValueError(f"worker on {self.device} refused the {what} call: {reply['error']}")
+        return reply, seconds
+
+    def generate(self, requests: list[dict]) -> tuple[list[list[int]], float]:
+        """Outputs of the requests, and the round-trip time the controller measured."""
+        reply, seconds = self.call({"requests": requests}, "generate")
+        self.prompt_ids = reply["prompt_ids"]
+        return reply["outputs"], seconds
+
+    def score(self, prompt_ids, tokens) -> SimpleNamespace:
+        """Teacher-forced scores (the worker's target, float32 head) of one output."""
+        reply, _ = self.call({"score": [{"prompt_ids": list(prompt_ids), "tokens": list(tokens)}]}, "score")
+        return SimpleNamespace(**reply["scores"][0])
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -110,7 +123,8 @@ def run_pair(candidate: dict, incumbent: dict, requests: list[dict], devices: li
     finally:
         for w in workers.values():
             w.close()
-    return {"samples": stats.pair(runs, tps), "outputs": outputs}
+    prompt_ids = next(iter(workers.values())).prompt_ids if workers else []
+    return {"samples": stats.pair(runs, tps), "outputs": outputs, "prompt_ids": prompt_ids}
 
 
 def code_hash() -> str:
@@ -121,17 +135,38 @@ def code_hash() -> str:
     return h.hexdigest()
 
 
+def forcing(candidate_out, stock_out, prompt_ids, requests, stock: dict, timeout: float) -> dict:
+    """Token forcing of the candidate's timed outputs against stock's, scored by stock's target in
+    a worker of its own; δ from stock against AR (Phase 0)."""
+    def outs(tokens):
+        return [SystemOutput(r["id"], tuple(p), tuple(t)) for r, p, t in zip(requests, prompt_ids, tokens)]
+
+    dev = stock.get("device", "cpu")
+    scorer, ar_worker = Worker(stock, dev, timeout), Worker({**stock, "mode": "ar"}, dev, timeout)
+    try:
+        ar, _ = ar_worker.generate(requests)
+        base = outs(stock_out)
+        delta = calibrate_delta({o.id: o.tokens for o in base}, {r["id"]: tuple(t) for r, t in zip(requests, ar)},
+                                {o.id: scorer.score(o.prompt_ids, o.tokens) for o in base})
+        return check_forcing(outs(candidate_out), base, scorer.score, delta)
+    finally:
+        scorer.close()
+        ar_worker.close()
+
+
 def judge(candidate: dict, incumbent: dict, stock: dict, requests: list[dict], devices: list[str], repeats: int,
           settings: stats.Settings = stats.Settings(), timeout: float = 600.0, progress=None) -> dict:
-    """Candidate vs incumbent and stock vs stock (the noise), both swapped; the decision."""
+    """Candidate vs incumbent and stock vs stock (the noise), both swapped; token forcing of the
+    candidate's timed outputs; the decision."""
     main = run_pair(candidate, incumbent, requests, devices, repeats, timeout, progress)
     aa = run_pair(stock, stock, requests, devices, repeats, timeout, progress)
     cand_out, inc_out = main["outputs"][stats.CANDIDATE], main["outputs"][stats.INCUMBENT]
     deterministic = all(o == cand_out[0] for o in cand_out) and all(o == inc_out[0] for o in inc_out)
     est, noise = stats.gain(main["samples"], settings.confidence), stats.gain(aa["samples"], settings.confidence)
     decision = stats.decide(est, noise, outputs_differ=cand_out[0] != inc_out[0], settings=settings)
-    reasons = list(decision.reasons)
-    accepted = decision.accepted and deterministic
+    forced = forcing(cand_out[0], aa["outputs"][stats.INCUMBENT][0], main["prompt_ids"], requests, stock, timeout)
+    reasons = list(decision.reasons) + [f"token forcing: {r}" for r in forced["reasons"]]
+    accepted = decision.accepted and deterministic and forced["passed"]
     if not deterministic:
         reasons.append("a system's outputs changed between timed runs: its timing cannot be trusted")
     return {
@@ -142,7 +177,7 @@ def judge(candidate: dict, incumbent: dict, stock: dict, requests: list[dict], d
         "stock_samples": [dataclasses.asdict(s) for s in aa["samples"]],
         "gain": est.gain, "lower_bound": est.lower, "stock_noise": decision.stock_noise,
         "threshold": decision.threshold, "outputs_differ": cand_out[0] != inc_out[0],
-        "outputs_deterministic": deterministic, "accepted": accepted, "reasons": reasons,
+        "outputs_deterministic": deterministic, "forcing": forced, "accepted": accepted, "reasons": reasons,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 

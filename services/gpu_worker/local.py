@@ -3,9 +3,12 @@ the gRPC server (DESIGN.md §2), used by the embedded mode and the controller's 
 
   python -m specpilot.services.gpu_worker.local '{"engine": {...EngineConfig...}, "device": "cpu:0"}'
 
-It loads the system, prints {"ready": true}, then answers each {"requests": [...]} line (workload
-request objects) with {"outputs": [[token, ...], ...]} once the device has finished. It never
-reports a time: the controller times the round trip.
+It loads the system, prints {"ready": true}, then answers each line:
+- {"requests": [...]} (workload request objects) → {"outputs": [[token, ...], ...], "prompt_ids": [...]}
+  once the device has finished — it never reports a time: the controller times the round trip;
+- {"score": [{"prompt_ids", "tokens"}, ...]} → {"scores": [{argmax_token_ids, token_logprob,
+  argmax_logprob}, ...]}: teacher-forced scores by the system's target with a float32 LM head
+  (the scorer of token forcing, when the system is stock).
 """
 
 from __future__ import annotations
@@ -30,15 +33,24 @@ def main(argv: list[str]) -> int:
     from specpilot.engine.engine import Engine, EngineConfig
     from specpilot.zoo.workloads import request_from_json
 
+    from .scoring import load_scorer, score
+
     engine = Engine(EngineConfig(**engine_cfg))
+    scorer = None
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         try:
-            reqs = [request_from_json(r) for r in json.loads(line)["requests"]]
-            outs = [engine.generate(r).tokens for r in reqs]
-            if engine_cfg["device"].startswith("cuda"):
-                torch.cuda.synchronize()
-            print(json.dumps({"outputs": outs}), flush=True)
+            msg = json.loads(line)
+            if "score" in msg:
+                scorer = scorer or load_scorer(engine_cfg["target"], engine_cfg["device"])
+                reply = {"scores": [vars(score(scorer, s["prompt_ids"], s["tokens"])) for s in msg["score"]]}
+            else:
+                reqs = [request_from_json(r) for r in msg["requests"]]
+                outs = [engine.generate(r).tokens for r in reqs]
+                if engine_cfg["device"].startswith("cuda"):
+                    torch.cuda.synchronize()
+                reply = {"outputs": outs, "prompt_ids": [engine.encode(r) for r in reqs]}
+            print(json.dumps(reply), flush=True)
         except (ValueError, KeyError, TypeError) as e:  # a bad request is answered, never fatal
             print(json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
     return 0

@@ -19,7 +19,7 @@ def test_stock_against_stock_is_not_accepted_and_the_verdict_is_sealed(tmp_path)
     assert len(rec["samples"]) == len(rec["stock_samples"]) == 4  # 2 repeats × 2 swapped slots
     assert {s["slot"] for s in rec["samples"]} == {0, 1}
     assert all(s["candidate_tps"] > 0 and s["incumbent_tps"] > 0 for s in rec["samples"])
-    assert rec["outputs_deterministic"] and not rec["outputs_differ"]
+    assert rec["outputs_deterministic"] and not rec["outputs_differ"] and rec["forcing"]["passed"]
     assert len(rec["controller_code_sha256"]) == 64
     path = pairing.write_verdict(rec, tmp_path)
     assert json.loads(path.read_text())["samples"] == rec["samples"]
@@ -49,3 +49,10 @@ def test_device_list():
     assert pairing.device_list("cuda:0,cuda:1") == ["cuda:0", "cuda:1"]
     with pytest.raises(ValueError, match="one or two"):
         pairing.device_list("cpu,cpu,cpu")
+
+
+def test_a_biased_candidate_is_rejected_by_token_forcing_even_if_fast():
+    rec = pairing.judge({**STOCK, "mode": "ar", "defect": "logit_bias:" + ",".join(map(str, range(40, 140))) + ":3"},
+                        STOCK, STOCK, REQS, ["cpu:0", "cpu:1"], repeats=2)
+    assert not rec["forcing"]["passed"] and not rec["accepted"]
+    assert any(r.startswith("token forcing") for r in rec["reasons"])
