@@ -16,13 +16,15 @@ from pathlib import Path
 import torch
 
 from . import trees
-from .decode import StepRecord
+from .decode import MAX_TREE, StepRecord
 from .drafters import Lattice
 
 
 def make_policy(spec: str, profile: torch.Tensor | None = None):
     """A tree builder `(root, lattice) -> Tree` for a policy spec (see trees.parse_policy)."""
     name, args = trees.parse_policy(spec)
+    if name != "chain" and args[-1] > MAX_TREE - 1:
+        raise ValueError(f"tree policy {spec!r}: at most {MAX_TREE - 1} nodes besides the root")
     if name == "chain":
         return trees.chain
     if name == "best-first":

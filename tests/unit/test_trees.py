@@ -148,3 +148,9 @@ def test_policy_specs_are_checked():
             trees.parse_policy(bad)
     with pytest.raises(ValueError, match="acceptance profile"):
         make_policy("sequoia:8")
+
+
+def test_trees_are_capped_at_64_rows():
+    with pytest.raises(ValueError, match="at most 63"):
+        make_policy("best-first:64")
+    make_policy("best-first:63")
