@@ -57,22 +57,14 @@ def read_outputs(path) -> list[SystemOutput]:
 
 
 def run(args) -> int:
-    from specpilot.services.gpu_worker.scoring import load_scorer, score
+    from specpilot.services.gpu_worker.scoring import load_scorer, memo_scorer
 
     candidate, baseline = read_outputs(args.outputs), read_outputs(args.baseline)
     if args.delta is None and args.ar is None:
         raise ValueError("give --delta X, or --ar FILE (AR outputs) to calibrate δ from stock vs AR")
     if args.delta is not None and not args.delta > 0:
         raise ValueError(f"--delta must be > 0; got {args.delta}")
-    model = load_scorer(args.scorer, args.device)
-
-    memo = {}  # with --ar, stock's outputs are scored for calibration and again for the report
-
-    def scorer(prompt_ids, tokens):
-        key = (tuple(prompt_ids), tuple(tokens))
-        if key not in memo:
-            memo[key] = score(model, list(prompt_ids), list(tokens))
-        return memo[key]
+    scorer = memo_scorer(load_scorer(args.scorer, args.device))
 
     delta = args.delta
     if delta is None:

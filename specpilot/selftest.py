@@ -19,7 +19,7 @@ from specpilot.demo import micro_pair
 from specpilot.engine.engine import Engine, EngineConfig
 from specpilot.services.controller import stats
 from specpilot.services.controller.forcing import SystemOutput, calibrate_delta, check_forcing
-from specpilot.services.gpu_worker.scoring import load_scorer, score
+from specpilot.services.gpu_worker.scoring import load_scorer, memo_scorer
 from specpilot.zoo.workloads import stdlib_completion
 
 
@@ -52,13 +52,7 @@ def run_selftest(trials: int = 20, prompts: int = 8, new_tokens: int = 32, seed:
                          "build them with: specpilot zoo build --preset micro")
     reqs = stdlib_completion(limit=prompts)
     model = load_scorer(target)
-    memo: dict = {}
-
-    def scorer(prompt_ids, tokens):
-        key = (tuple(prompt_ids), tuple(tokens))
-        if key not in memo:
-            memo[key] = score(model, list(prompt_ids), list(tokens))
-        return memo[key]
+    scorer = memo_scorer(model)
 
     def outputs(mode: str, **kw) -> list[SystemOutput]:
         eng = Engine(EngineConfig(target=str(target), drafter=str(drafter), mode=mode, draft_len=16,

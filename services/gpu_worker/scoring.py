@@ -69,3 +69,17 @@ def score(model: Model, prompt_ids: list[int], output_ids: list[int]) -> Scores:
         token_logprob=logp.gather(1, target[:, None])[:, 0].double().tolist(),
         argmax_logprob=logp.gather(1, best[:, None])[:, 0].double().tolist(),
     )
+
+
+def memo_scorer(model: Model):
+    """`(prompt_ids, tokens) -> Scores` for the controller's forcing logic; each distinct output is
+    scored once (stock's outputs are scored for Phase 0 and again for the report)."""
+    memo: dict = {}
+
+    def scorer(prompt_ids, tokens) -> Scores:
+        key = (tuple(prompt_ids), tuple(tokens))
+        if key not in memo:
+            memo[key] = score(model, list(prompt_ids), list(tokens))
+        return memo[key]
+
+    return scorer
