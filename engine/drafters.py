@@ -56,6 +56,10 @@ class Lattice:
         return out
 
     @staticmethod
+    def empty() -> Lattice:
+        return Lattice(torch.empty(0, TOP_K, dtype=torch.long), torch.empty(0, TOP_K, dtype=torch.float64))
+
+    @staticmethod
     def from_logits(logits: torch.Tensor, k: int = TOP_K) -> Lattice:
         """Top-k of each row of [m, V] logits."""
         logp = F.log_softmax(logits.double(), dim=-1)
@@ -207,7 +211,7 @@ class FeatureDrafter(Drafter):
     @torch.no_grad()
     def propose(self, m: int) -> Lattice:
         if m <= 0:
-            return Lattice(torch.empty(0, TOP_K, dtype=torch.long), torch.empty(0, TOP_K))
+            return Lattice.empty()
         if self.kind == "sequential":
             return self._propose_sequential(m)
         return self._propose_block(min(m, self.block_size))
@@ -295,7 +299,7 @@ class DraftLM(Drafter):
         self.model = model
 
     def reset(self, max_len: int) -> None:
-        self.cache = self.model.new_cache(max_len + TOP_K + 64)
+        self.cache = self.model.new_cache(max_len)  # committed tokens + the drafted ones fit the target's
 
     @torch.no_grad()
     def observe(self, committed, next_tokens, feats=None):
@@ -314,9 +318,7 @@ class DraftLM(Drafter):
             rows.append(lg)
             tok = int(lg.argmax())
         self.cache.truncate(base)
-        if not rows:
-            return Lattice(torch.empty(0, TOP_K, dtype=torch.long), torch.empty(0, TOP_K))
-        return Lattice.from_logits(torch.stack(rows))
+        return Lattice.from_logits(torch.stack(rows)) if rows else Lattice.empty()
 
 
 def load_drafter(spec: str, dtype: torch.dtype = torch.float32, device="cpu",

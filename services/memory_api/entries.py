@@ -209,7 +209,8 @@ class Entry:
         if self.id in ids:
             raise _fail(owner, "requires", "an entry cannot require itself")
         _str(owner, "delta", self.delta, empty=True)
-        _dict(owner, "variants", self.variants)
+        if not isinstance(self.variants, dict) or not all(isinstance(k, str) and k for k in self.variants):
+            raise _fail(owner, "variants", f"expected a dict with non-empty string keys, got {self.variants!r}")
         for name, opts in self.variants.items():
             _dict(owner, f"variants.{name}", opts)
         if not isinstance(self.contract, Contract):
