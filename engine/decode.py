@@ -55,13 +55,13 @@ class Result:
         return sum(s.tau for s in self.steps) / len(self.steps) if self.steps else 0.0
 
 
-def _clock(device) -> float:
+def clock(device) -> float:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
 
 
-def _emit(out: list[int], new: list[int], eos: set[int], limit: int) -> bool:
+def emit(out: list[int], new: list[int], eos: set[int], limit: int) -> bool:
     """Append tokens as AR would emit them; True once EOS or the token limit ends generation."""
     for t in new:
         out.append(t)
@@ -92,7 +92,7 @@ def generate(target: Model, prompt: list[int], max_new_tokens: int, drafter: Dra
     feat_layers = drafter.target_layers if drafter is not None else ()
     res = Result([])
 
-    t0 = _clock(dev)
+    t0 = clock(dev)
     out = target(torch.tensor([prompt], device=dev), cache, feature_layers=feat_layers)
     cache.commit(len(prompt))
     bias = logit_bias.to(out.logits) if logit_bias is not None else 0
@@ -101,22 +101,22 @@ def generate(target: Model, prompt: list[int], max_new_tokens: int, drafter: Dra
         drafter.reset(max_len)
         drafter.observe(list(prompt), list(prompt[1:]) + [newest],
                         out.features[0] if out.features is not None else None)
-    t1 = _clock(dev)
+    t1 = clock(dev)
     res.prefill_s = t1 - t0
-    done = _emit(res.tokens, [newest], eos, max_new_tokens)
+    done = emit(res.tokens, [newest], eos, max_new_tokens)
 
     while not done:
-        ta = _clock(dev)
+        ta = clock(dev)
         room = max_new_tokens - len(res.tokens) - 1  # drafting past the token limit is wasted work
         lattice = drafter.propose(min(draft_len, room)) if drafter is not None and room > 0 else None
         tree = policy(newest, lattice) if lattice is not None else trees.Tree((newest,), (-1,))
-        tb = _clock(dev)
+        tb = clock(dev)
         chain = tree.is_chain()
         positions = cache.length + torch.tensor([tree.depths], device=dev)
         out = target(torch.tensor([tree.tokens], device=dev), cache, positions=positions,
                      tree_mask=None if chain else tree.ancestor_mask(dev), feature_layers=feat_layers)
         argmax = (out.logits[0] + bias).argmax(-1).tolist()
-        tc = _clock(dev)
+        tc = clock(dev)
         path = tree.accept(argmax)
         cache.commit(len(path), None if chain else path)
         committed = [tree.tokens[i] for i in path]
@@ -125,12 +125,12 @@ def generate(target: Model, prompt: list[int], max_new_tokens: int, drafter: Dra
             record.append(StepRecord(lattice, room, len(path), tree.tokens, [argmax[i] for i in range(len(tree))],
                                      emitted))
         newest = emitted[-1]
-        done = _emit(res.tokens, emitted, eos, max_new_tokens)
-        td = _clock(dev)
+        done = emit(res.tokens, emitted, eos, max_new_tokens)
+        td = clock(dev)
         if drafter is not None and not done:
             drafter.observe(committed, emitted, out.features[0, path] if out.features is not None else None)
-        te = _clock(dev)
+        te = clock(dev)
         res.steps.append(Step(tau=len(path), drafted=len(tree) - 1, t_draft=(tb - ta) + (te - td),
                               t_verify=tc - tb, t_commit=td - tc))
-    res.decode_s = _clock(dev) - t1
+    res.decode_s = clock(dev) - t1
     return res

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .decode import Result, _clock, _emit
+from .decode import Result, clock, emit
 from .model import Model
 
 
@@ -41,12 +41,12 @@ class StaticDecoder:
         for t in (*self.cache.h.values(), *self.cache.conv.values()):
             t.zero_()
         res = Result([])
-        t0 = _clock(dev)
+        t0 = clock(dev)
         pos = torch.arange(len(prompt), device=dev)[None]
         newest = int(self.model(torch.tensor([prompt], device=dev), self.cache, positions=pos).logits[0, -1].argmax())
-        t1 = _clock(dev)
+        t1 = clock(dev)
         res.prefill_s = t1 - t0
-        done, p = _emit(res.tokens, [newest], eos, max_new_tokens), len(prompt)
+        done, p = emit(res.tokens, [newest], eos, max_new_tokens), len(prompt)
         while not done:
             self.tok.fill_(newest)
             self.pos.fill_(p)
@@ -56,6 +56,6 @@ class StaticDecoder:
             else:
                 newest = int(self.step())
             p += 1
-            done = _emit(res.tokens, [newest], eos, max_new_tokens)
-        res.decode_s = _clock(dev) - t1
+            done = emit(res.tokens, [newest], eos, max_new_tokens)
+        res.decode_s = clock(dev) - t1
         return res

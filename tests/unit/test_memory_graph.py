@@ -264,7 +264,8 @@ def dags(draw):
             below = draw(st.lists(st.integers(0, i - 1), unique=True, max_size=min(i, 4))) if i else []
             reqs = tuple(Requirement(f"n{j}", draw(constraints)) for j in sorted(below))
             cat.setdefault(f"n{i}", []).append(Entry(f"n{i}", v, f"node {i}", requires=reqs))
-    roots = [Requirement(f"n{i}", draw(constraints)) for i in draw(st.lists(st.integers(0, n - 1), unique=True, min_size=1))]
+    root_ids = draw(st.lists(st.integers(0, n - 1), unique=True, min_size=1))
+    roots = [Requirement(f"n{i}", draw(constraints)) for i in root_ids]
     return roots, cat
 
 
@@ -318,7 +319,9 @@ def test_closing_a_cycle_raises_naming_it(dag, data):
         return
     dependent, req_id = data.draw(st.sampled_from(edges))
     required = next(e for e in order if e.id == req_id)
-    closed = Entry(required.id, required.version, required.title, requires=required.requires + (Requirement(dependent.id),))
+    closed = Entry(
+        required.id, required.version, required.title, requires=required.requires + (Requirement(dependent.id),)
+    )
     cat2 = {k: [closed if x.key == required.key else x for x in v] for k, v in cat.items()}
     with pytest.raises(GraphError) as err:
         resolve(roots, cat2)
