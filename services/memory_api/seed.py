@@ -1,0 +1,113 @@
+"""The memory's seed: one entry per built-in mechanism of the engine as it exists.
+
+Every seed entry has an empty delta: each is a switch of a mechanism already in the stock engine
+code (stock = `EngineConfig` with every mechanism off), so stock + the entry reproduces stock's
+code exactly. Variants are named option sets of `EngineConfig` fields (`mode`, `tree`,
+`draft_len`); all mechanisms are greedy and lossless, so each contract is token forcing with
+`output_may_differ = False`.
+
+Requirements. No seed entry requires another. The mechanisms are independent switches of the one
+engine: a tree policy does not need a different draft length to run (it sets its own `draft_len`),
+and the block-Markov drafter works in chain mode as well as under any tree policy. Sequoia's
+acceptance profile comes from a replay recording (`specpilot replay --profile-out`), which is a
+measurement step, not another entry's code or configuration, so it is noted under `unverified`
+instead of being a requirement. Inventing edges would make porting drop entries for no reason.
+
+There is no evidence (nothing is measured yet) and no `limits` (no deployment has excluded any
+of them); what has not been checked is listed under `unverified`.
+
+This module does not import the engine (a service never does); the seed's tests check the
+option names against `EngineConfig` and the tree policies against `trees.parse_policy`.
+"""
+
+from __future__ import annotations
+
+from .entries import Contract, Entry
+
+LOSSLESS = Contract(rule="token_forcing", output_may_differ=False, options={})
+_BATCH = "measured only at batch 1: the engine decodes one request at a time"
+_DRAFTER = ("needs a drafter in the deployment (EngineConfig.drafter: a checkpoint folder or 'ngram'); "
+            "the entry does not name one")
+
+
+def _tree(policy: str, draft_len: int = 16) -> dict:
+    return {"mode": "tree", "tree": policy, "draft_len": draft_len}
+
+
+def seed_entries() -> list[Entry]:
+    """The seed entries, in id order, each version 1."""
+    entries = [
+        Entry(
+            id="draft-length",
+            version=1,
+            title="Chain speculation with a tuned draft length (built-in: mode=chain, draft_len)",
+            variants={
+                "d4": {"mode": "chain", "draft_len": 4},
+                "d8": {"mode": "chain", "draft_len": 8},
+                "d16": {"mode": "chain", "draft_len": 16},
+            },
+            contract=LOSSLESS,
+            unverified=(_DRAFTER, _BATCH, "the best length depends on the drafter's acceptance; re-tune per deployment"),
+        ),
+        Entry(
+            id="drafter-block-markov",
+            version=1,
+            title="Block drafter with a Markov head (built-in drafter kind block_markov) scoring child given parent",
+            variants={
+                "chain-d8": {"mode": "chain", "draft_len": 8},
+                "best-first-n32": _tree("best-first:32"),
+            },
+            contract=LOSSLESS,
+            unverified=(
+                "switches the drafter kind: EngineConfig.drafter must point at a checkpoint folder whose "
+                "config.json has drafter_kind = 'block_markov', trained for the deployment's target; the entry "
+                "carries no path, and a deployment without such a checkpoint cannot use it",
+                "the Markov transitions only change tree scores (best-first / topk); in chain mode only the "
+                "block drafter's top-1 is used",
+                _BATCH,
+            ),
+        ),
+        Entry(
+            id="tree-best-first",
+            version=1,
+            title="Draft tree: best-first expansion of the N highest path-score nodes (built-in tree policy)",
+            variants={
+                "n16": _tree("best-first:16"),
+                "n32": _tree("best-first:32"),
+                "n63": _tree("best-first:63"),
+            },
+            contract=LOSSLESS,
+            unverified=(_DRAFTER, _BATCH, "tree depth is capped at 15 (trees.MAX_DEPTH) whatever draft_len says"),
+        ),
+        Entry(
+            id="tree-sequoia",
+            version=1,
+            title="Draft tree: Sequoia-like static shape fitted to a measured rank-acceptance profile",
+            variants={"n16": _tree("sequoia:16")},
+            contract=LOSSLESS,
+            unverified=(
+                "needs an acceptance profile (EngineConfig.profile, JSON from `specpilot replay --record FILE "
+                "--profile-out PROFILE`) measured on the deployment; the variant does not carry it, and "
+                "EngineConfig.validate refuses sequoia without one",
+                _DRAFTER,
+                _BATCH,
+            ),
+        ),
+        Entry(
+            id="tree-topk",
+            version=1,
+            title="Draft tree: EAGLE-2-like top-K expansion per depth, N best kept (built-in tree policy)",
+            variants={
+                "k4n16": _tree("topk:4:16"),
+                "k8n32": _tree("topk:8:32"),
+            },
+            contract=LOSSLESS,
+            unverified=(_DRAFTER, _BATCH),
+        ),
+    ]
+    return sorted(entries, key=lambda e: e.id)
+
+
+def seed_catalog() -> dict[str, list[Entry]]:
+    """The seed as a catalog for `graph.resolve` / `porting.port`: id -> [versions]."""
+    return {e.id: [e] for e in seed_entries()}

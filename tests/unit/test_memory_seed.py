@@ -1,0 +1,81 @@
+"""The memory's seed entries: valid, JSON round trip, resolvable, and naming real engine options."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from specpilot.engine.engine import MODES, EngineConfig
+from specpilot.engine.replay import make_policy
+from specpilot.engine.trees import parse_policy
+from specpilot.services.memory_api.entries import Entry, Requirement
+from specpilot.services.memory_api.graph import resolve
+from specpilot.services.memory_api.porting import port
+from specpilot.services.memory_api.seed import seed_catalog, seed_entries
+
+SEED = seed_entries()
+FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
+
+
+def test_expected_ids_unique_and_sorted():
+    ids = [e.id for e in SEED]
+    assert ids == sorted(set(ids))
+    assert {"tree-best-first", "tree-topk", "tree-sequoia", "draft-length", "drafter-block-markov"} <= set(ids)
+
+
+@pytest.mark.parametrize("entry", SEED, ids=lambda e: e.key)
+def test_entry_is_a_valid_empty_delta_switch(entry: Entry):
+    assert entry.version == 1 and entry.delta == ""
+    assert entry.contract.rule == "token_forcing" and entry.contract.output_may_differ is False
+    assert entry.variants and entry.unverified
+    assert entry.evidence is None and entry.reuse_of is None
+    back = Entry.from_dict(json.loads(json.dumps(entry.to_dict())))
+    assert back == entry and back.content_hash() == entry.content_hash()
+
+
+@pytest.mark.parametrize("entry", SEED, ids=lambda e: e.key)
+def test_entry_resolves_alone(entry: Entry):
+    order = resolve([Requirement(entry.id)], seed_catalog())
+    assert [e.key for e in order] == [r.id + "@1" for r in entry.requires] + [entry.key]
+
+
+def test_whole_seed_resolves_and_ports():
+    order = resolve([Requirement(e.id) for e in SEED], seed_catalog())
+    assert sorted(e.key for e in order) == sorted(e.key for e in SEED)
+    plan = port({"family": "dense", "device": "cpu", "batch": 1}, seed_catalog())
+    assert not plan.skipped and len(plan.order) == len(SEED)
+
+
+def test_no_invented_requirements():
+    # documented choice (seed.py docstring): the built-in mechanisms are independent switches
+    assert all(e.requires == () for e in SEED)
+    assert next(e for e in SEED if e.id == "tree-best-first").requires == ()
+
+
+@pytest.mark.parametrize("entry", SEED, ids=lambda e: e.key)
+def test_variants_are_engine_config_options(entry: Entry):
+    for name, opts in entry.variants.items():
+        unknown = set(opts) - FIELDS
+        assert not unknown, f"{entry.key} variant {name}: not EngineConfig fields: {unknown}"
+        assert "target" not in opts  # a variant never fixes the deployment's model
+        assert opts.get("mode") in MODES and opts["mode"] != "ar"
+        if "draft_len" in opts:
+            assert isinstance(opts["draft_len"], int) and opts["draft_len"] >= 1
+        if opts["mode"] == "tree":
+            pname, _ = parse_policy(opts["tree"])
+            assert pname in ("best-first", "topk", "sequoia")
+            if pname != "sequoia":
+                make_policy(opts["tree"])  # within the engine's tree-size limit
+        # the variant plus a deployment's target/drafter(/profile) is a valid EngineConfig
+        cfg = EngineConfig(target="t", drafter="ngram", profile="p.json", **opts)
+        cfg.validate()
+
+
+def test_sequoia_says_it_needs_a_profile_and_markov_says_it_needs_a_checkpoint():
+    by_id = {e.id: e for e in SEED}
+    assert any("profile" in u for u in by_id["tree-sequoia"].unverified)
+    assert any("block_markov" in u and "checkpoint" in u for u in by_id["drafter-block-markov"].unverified)
+    with pytest.raises(ValueError, match="profile"):
+        EngineConfig(target="t", drafter="ngram", **by_id["tree-sequoia"].variants["n16"]).validate()
