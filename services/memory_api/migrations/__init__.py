@@ -1,0 +1,1 @@
+"""Alembic migrations of the memory store (run programmatically by `store.upgrade`)."""
