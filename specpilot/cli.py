@@ -146,7 +146,7 @@ def cmd_demo(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from specpilot import force_cli
+    from specpilot import force_cli, memory_cli
     from specpilot.zoo import cli as zoo_cli
 
     parser = argparse.ArgumentParser(prog="specpilot", description=__doc__)
@@ -193,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     zoo_cli.register(sub)
     force_cli.register(sub)
+    memory_cli.register(sub)
     return parser
 
 
@@ -202,8 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (CheckpointError, ValueError, FileNotFoundError, RuntimeError) as e:
-        print(f"specpilot {args.command}: error: {e}", file=sys.stderr)
+    except (CheckpointError, ValueError, FileNotFoundError, RuntimeError, LookupError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"specpilot {args.command}: error: {msg}", file=sys.stderr)
         return 2
 
 
