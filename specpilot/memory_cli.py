@@ -45,6 +45,8 @@ def register(subparsers) -> None:
     serve.add_argument("--store", default=None, metavar="URL")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8710)
+    serve.add_argument("--repo", metavar="DIR", help="the engine's git repository (reproduce checks of code deltas)")
+    serve.add_argument("--stock-rev", metavar="REV", help="the pinned stock revision in --repo")
     serve.set_defaults(func=run_serve)
 
 
@@ -110,5 +112,5 @@ def run_serve(args) -> int:
 
     from specpilot.services.memory_api.app import create_app
 
-    uvicorn.run(create_app(args.store or default_url()), host=args.host, port=args.port)
+    uvicorn.run(create_app(args.store or default_url(), args.repo, args.stock_rev), host=args.host, port=args.port)
     return 0

@@ -7,6 +7,7 @@ Domain errors map to 4xx with a message naming the problem: EntryError / GraphEr
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import Body, FastAPI, Query, Request
@@ -16,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from .entries import Entry, EntryError, Requirement
 from .graph import GraphError, graph_json, graph_svg, resolve
 from .porting import PortError, port
+from .reproduce import reproduce
 from .store import EntryExists, Store, UnknownEntry
 
 ENTRY_EXAMPLE = {
@@ -49,8 +51,10 @@ def _requirements(body: Any) -> list[Requirement]:
     return out
 
 
-def create_app(store_url: str) -> FastAPI:
-    """A FastAPI app serving the memory store at `store_url` (opened, and migrated, on startup)."""
+def create_app(store_url: str, repo: str | Path | None = None, stock_rev: str | None = None) -> FastAPI:
+    """A FastAPI app serving the memory store at `store_url` (opened, and migrated, on startup).
+    `repo` and `stock_rev` (the engine's git repository and the pinned stock revision) enable the
+    reproduce check of entries that carry a code delta."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -109,8 +113,22 @@ def create_app(store_url: str) -> FastAPI:
         "plus itself. Entries are immutable: an existing (id, version) answers 409.",
         responses={409: ERRORS[409], 422: ERRORS[422]},
     )
-    def add_entry(entry: dict[str, Any] = Body(..., examples=[ENTRY_EXAMPLE])) -> dict:
-        return store.add(Entry.from_dict(entry)).to_dict()
+    def add_entry(
+        entry: dict[str, Any] = Body(..., examples=[ENTRY_EXAMPLE]),
+        expected_tree: str | None = Query(None, description="git tree id of the accepted system's code; needed "
+                                          "when the entry carries a code delta (the reproduce check)"),
+    ) -> dict:
+        e = Entry.from_dict(entry)
+        check = None
+        if e.delta.strip():
+            if repo is None or stock_rev is None:
+                raise ValueError("this memory API has no engine repository configured (serve with --repo and "
+                                 "--stock-rev): an entry with a code delta cannot be reproduce-checked")
+            if not expected_tree:
+                raise ValueError("an entry with a code delta needs ?expected_tree=<git tree id of the accepted "
+                                 "system's code> for the reproduce check")
+            check = lambda entry, order: reproduce(Path(repo), stock_rev, order, expected_tree)  # noqa: E731
+        return store.add(e, reproduce=check).to_dict()
 
     @app.get(
         "/entries",

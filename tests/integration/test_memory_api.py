@@ -230,3 +230,38 @@ def test_odd_but_valid_queries_answer_200(client, url):
 def test_wrong_methods_are_4xx(client):
     assert client.delete("/entries/a").status_code == 405
     assert client.put("/entries", json={}).status_code == 405
+
+
+def test_an_entry_with_a_code_delta_is_stored_only_if_it_reproduces(tmp_path):
+    import subprocess
+
+    from fastapi.testclient import TestClient
+
+    from specpilot.services.memory_api.app import create_app
+    from specpilot.services.memory_api.reproduce import diff_between, tree_of_worktree
+
+    def git(*args, cwd=tmp_path / "repo"):
+        return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+    repo = tmp_path / "repo"
+    (repo / "engine").mkdir(parents=True)
+    (repo / "engine" / "trees.py").write_text("MAX_DEPTH = 15\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "stock")
+    stock = git("rev-parse", "HEAD")
+    git("worktree", "add", "-q", "--detach", str(tmp_path / "cand"), stock)
+    (tmp_path / "cand" / "engine" / "trees.py").write_text("MAX_DEPTH = 31\n")
+    delta, tree = diff_between(repo, stock, tmp_path / "cand"), tree_of_worktree(tmp_path / "cand")
+    entry = {"id": "deeper-trees", "version": 1, "title": "deeper trees", "delta": delta}
+    client = TestClient(create_app(f"sqlite:///{tmp_path / 'm.db'}", repo, stock))
+    r = client.post("/entries", json=entry)
+    assert r.status_code == 422 and "expected_tree" in r.json()["detail"]
+    r = client.post("/entries", json=entry, params={"expected_tree": git("rev-parse", "HEAD^{tree}")})
+    assert r.status_code == 422 and "deeper-trees@1" in r.json()["detail"]  # stock's tree: the delta is extra
+    assert client.get("/entries/deeper-trees").status_code == 404  # a failed check stores nothing
+    r = client.post("/entries", json=entry, params={"expected_tree": tree})
+    assert r.status_code == 201 and r.json()["delta"] == delta
+    unconfigured = TestClient(create_app(f"sqlite:///{tmp_path / 'n.db'}"))
+    r = unconfigured.post("/entries", json=entry, params={"expected_tree": tree})
+    assert r.status_code == 422 and "--repo" in r.json()["detail"]
