@@ -10,7 +10,6 @@ Outputs files are JSON lines, one `{"id", "prompt_ids", "tokens"}` object per re
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 

@@ -29,7 +29,6 @@ from transformers import (  # noqa: E402
 )
 
 from specpilot.engine.checkpoint import load_model, save_model  # noqa: E402
-from specpilot.engine.config import ModelConfig  # noqa: E402
 from specpilot.engine.decode import generate  # noqa: E402
 from specpilot.engine.synthetic import random_model, tiny_config  # noqa: E402
 

@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from specpilot.cli import main
 from specpilot.engine.checkpoint import save_model

@@ -1,0 +1,272 @@
+"""The planner's cost model: c, speedup, best budget, byte floors, ceilings, directions, rendering."""
+
+from __future__ import annotations
+
+import math
+import xml.etree.ElementTree as ET
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specpilot.services.planner import costmodel as cm
+from specpilot.services.planner.costmodel import (
+    DEVICES,
+    KERNEL_CLASSES,
+    Ceiling,
+    DeviceSpec,
+    KernelClass,
+    KernelStat,
+    Profile,
+    aggregate,
+    best_budget,
+    byte_floor,
+    ceiling,
+    direction,
+    measure_cpu_peaks,
+    render_svg,
+    render_table,
+    speedup,
+    step_cost,
+)
+
+H200 = DEVICES["h200"]
+
+
+# --------------------------------------------------------------------------- devices
+
+
+def test_measure_cpu_peaks_returns_positive_figures():
+    d = measure_cpu_peaks(seconds=0.1)
+    assert d.name == "cpu" and d.bf16_flops > 0 and d.bandwidth > 0 and d.source
+
+
+def test_unknown_device_is_refused():
+    with pytest.raises(ValueError, match="unknown device"):
+        byte_floor(1.0, 1.0, "tpu-v9")
+
+
+# --------------------------------------------------------------------------- byte floors
+
+
+def test_byte_floor_memory_bound_gemv_on_h200():
+    # Llama o_proj 4096→4096 bf16, one row: read the weight once (activations negligible)
+    k = n = 4096
+    weight_bytes = k * n * 2
+    flops = 2 * k * n
+    expected = weight_bytes / (0.9 * 4.28e12)  # ≈ 8.71 µs, the anchors' floor at 90 % bandwidth
+    assert byte_floor(flops, weight_bytes, "h200") == pytest.approx(expected, rel=1e-12)
+    assert expected == pytest.approx(8.71e-6, rel=1e-3)
+    assert flops / (0.6 * 788e12) < expected  # compute side far below
+
+
+def test_byte_floor_compute_bound_big_gemm_on_h200():
+    m = k = n = 8192
+    flops = 2 * m * k * n
+    moved = (m * k + k * n + m * n) * 2
+    expected = flops / (0.6 * 788e12)  # ≈ 2.33 ms
+    assert byte_floor(flops, moved, H200) == pytest.approx(expected, rel=1e-12)
+    assert expected == pytest.approx(2.3256e-3, rel=1e-3)
+    assert moved / (0.9 * 4.28e12) < expected
+
+
+def test_byte_floor_rejects_negative():
+    with pytest.raises(ValueError):
+        byte_floor(-1.0, 0.0, H200)
+
+
+# --------------------------------------------------------------------------- c, speedup, best N
+
+
+def test_cost_and_speedup_arithmetic():
+    assert step_cost(12e-3, 8e-3) == pytest.approx(1.5)
+    assert speedup(3.0, 12e-3, 8e-3) == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        step_cost(0.0, 1.0)
+
+
+def test_best_budget_picks_the_highest_speedup():
+    t_ar = 10e-3
+    taus = {1: 1.0, 16: 3.0, 64: 4.0, 256: 4.4}
+    times = {1: 10e-3, 16: 12e-3, 64: 14e-3, 256: 22e-3}
+    # speedups: 1.0, 2.5, 2.857, 2.0
+    n, s = best_budget(taus, times, t_ar)
+    assert n == 64 and s == pytest.approx(4.0 / 1.4)
+
+
+def test_best_budget_tie_goes_to_the_smaller_n():
+    t_ar = 1.0
+    taus = {64: 4.0, 32: 2.0, 128: 1.0}
+    times = {64: 2.0, 32: 1.0, 128: 0.5}  # all speedup 2.0
+    assert best_budget(taus, times, t_ar) == (32, 2.0)
+    # float noise at the 1e-16 level still ties
+    assert best_budget({8: 0.3, 4: 0.1 + 0.2}, {8: 1.0, 4: 1.0}, 1.0)[0] == 4
+
+
+def test_best_budget_uses_only_budgets_in_both_tables():
+    assert best_budget({1: 1.0, 2: 9.0}, {1: 1.0, 3: 1.0}, 1.0) == (1, 1.0)
+    with pytest.raises(ValueError, match="no budget"):
+        best_budget({2: 1.0}, {3: 1.0}, 1.0)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.dictionaries(
+        st.integers(1, 512),
+        st.tuples(st.floats(0.0, 10.0), st.floats(1e-4, 1.0)),
+        min_size=1,
+        max_size=12,
+    ),
+    st.floats(1e-4, 1.0),
+)
+def test_best_budget_is_the_argmax_with_smallest_n(table, t_ar):
+    taus = {n: v[0] for n, v in table.items()}
+    times = {n: v[1] for n, v in table.items()}
+    n, s = best_budget(taus, times, t_ar)
+    all_s = {m: taus[m] / (times[m] / t_ar) for m in table}
+    assert s == pytest.approx(max(all_s.values()), rel=1e-9)
+    assert all(all_s[m] < s or math.isclose(all_s[m], s, rel_tol=1e-12) for m in table)
+    assert not any(m < n and math.isclose(all_s[m], s, rel_tol=1e-12) for m in table)
+
+
+# --------------------------------------------------------------------------- profiles
+
+
+def test_aggregate_means_per_class_and_step():
+    a = Profile(10e-3, {"target_linear": KernelStat(6e-3, 100.0, 10.0), "attention": KernelStat(1e-3, 4.0, 2.0)}, n=16)
+    b = Profile(14e-3, {"target_linear": KernelStat(8e-3, 100.0, 10.0)}, n=16)
+    m = aggregate([a, b])
+    assert m.n == 16
+    assert m.t_step == pytest.approx(12e-3)
+    tl = m.kernels["target_linear"]
+    assert (tl.seconds, tl.bytes, tl.flops) == (pytest.approx(7e-3), 100.0, 10.0)
+    assert m.kernels["attention"].seconds == pytest.approx(0.5e-3)  # absent in b counts as 0
+    assert m.kernels["attention"].bytes == pytest.approx(2.0)
+    assert m.profiled_seconds == pytest.approx(7.5e-3)
+
+
+def test_aggregate_refuses_mixed_budgets_and_empty():
+    with pytest.raises(ValueError, match="different budgets"):
+        aggregate([Profile(1.0, {}, n=1), Profile(1.0, {}, n=2)])
+    with pytest.raises(ValueError):
+        aggregate([])
+
+
+def test_profile_validates_class_names_and_accepts_plain_tuples():
+    p = Profile(1.0, {KernelClass.LM_HEAD: (0.1, 5.0, 1.0)})
+    assert p.kernels == {"lm_head": KernelStat(0.1, 5.0, 1.0)}
+    with pytest.raises(ValueError, match="unknown kernel class"):
+        Profile(1.0, {"softmax": KernelStat(0.1)})
+
+
+# --------------------------------------------------------------------------- ceilings and directions
+
+# Llama-3.1-8B-like decode step on the H200: bytes and FLOPs per class
+WORK = {
+    "target_linear": (14.0e9, 2 * 7.0e9 * 16),  # weights read once, 16 rows
+    "lm_head": (1.05e9, 2 * 0.525e9 * 16),
+    "attention": (2.0e9, 1.0e9),  # KV read
+    "drafter": (0.5e9, 1.0e9),
+    "sampling_acceptance": (1.0e6, 1.0e6),
+}
+
+
+def _profile(slowdown: dict[str, float], off_profile: float = 1.0) -> Profile:
+    """Every class at `slowdown[c]` × its floor on the H200; T_step = off_profile × profiled."""
+    kernels = {}
+    for c, (b, f) in WORK.items():
+        kernels[c] = KernelStat(slowdown.get(c, 1.0) * byte_floor(f, b, H200), b, f)
+    profiled = sum(k.seconds for k in kernels.values())
+    return Profile(off_profile * profiled, kernels, n=16)
+
+
+def test_planted_slow_attention_is_named_by_the_kernel_factor():
+    # attention at 5× its floor; sampling_acceptance at 50× but tiny: the gap, not the ratio, decides
+    p = _profile({"attention": 5.0, "sampling_acceptance": 50.0}, off_profile=1.05)
+    c = ceiling(p, "h200", tau_current=3.0, tau_oracle=3.3)
+    floors = {r.kernel_class: r.floor for r in c.per_class}
+    expected_kernels = (sum(floors.values()) + 4 * floors["attention"] + 49 * floors["sampling_acceptance"]) / sum(
+        floors.values()
+    )
+    assert c.factors["kernels"] == pytest.approx(expected_kernels)
+    assert c.factors["tree"] == pytest.approx(1.1)
+    assert c.factors["off_profile"] == pytest.approx(1.05)
+    assert c.factors["kernels"] > c.factors["tree"] and c.factors["kernels"] > c.factors["off_profile"]
+    assert c.largest == "kernels"
+    assert direction(c) == "kernel:attention"
+    assert c.product == pytest.approx(math.prod(c.factors.values()))
+    rows = {r.kernel_class: r for r in c.per_class}
+    assert rows["attention"].ratio == pytest.approx(5.0)
+    assert rows["sampling_acceptance"].ratio == pytest.approx(50.0)
+    assert rows["target_linear"].ratio == pytest.approx(1.0)
+    assert [r.kernel_class for r in c.per_class] == [k for k in KERNEL_CLASSES if k in WORK]
+
+
+def test_direction_tree_when_oracle_gap_is_largest():
+    c = ceiling(_profile({"attention": 1.2}, off_profile=1.1), H200, tau_current=2.0, tau_oracle=4.0)
+    assert c.largest == "tree" and c.factors["tree"] == pytest.approx(2.0)
+    assert direction(c) == "tree"
+
+
+def test_direction_off_profile_when_unprofiled_time_dominates():
+    c = ceiling(_profile({"attention": 1.2}, off_profile=3.0), H200, tau_current=2.0, tau_oracle=2.2)
+    assert c.largest == "off_profile" and c.factors["off_profile"] == pytest.approx(3.0)
+    assert direction(c) == "off-profile"
+
+
+def test_ceiling_needs_time_and_floors():
+    with pytest.raises(ValueError, match="no kernel time"):
+        ceiling(Profile(1.0, {}), H200, 1.0, 1.0)
+    with pytest.raises(ValueError, match="no profiled class has bytes"):
+        ceiling(Profile(1.0, {"other": KernelStat(0.5)}), H200, 1.0, 1.0)
+
+
+def test_class_without_work_has_infinite_ratio_and_can_be_named():
+    p = Profile(1.0, {"target_linear": KernelStat(0.1, 0.9 * H200.bandwidth * 0.1, 0.0), "tree_build": KernelStat(0.5)})
+    c = ceiling(p, H200, 1.0, 1.0)
+    rows = {r.kernel_class: r for r in c.per_class}
+    assert math.isinf(rows["tree_build"].ratio) and rows["target_linear"].ratio == pytest.approx(1.0)
+    assert c.factors["kernels"] == pytest.approx(6.0)
+    assert direction(c) == "kernel:tree_build"
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _slow_attention_ceiling() -> Ceiling:
+    return ceiling(_profile({"attention": 5.0}, off_profile=1.05), H200, 3.0, 3.3)
+
+
+def test_render_table_lists_factors_classes_and_direction():
+    text = render_table(_slow_attention_ceiling())
+    for word in ("tree", "kernels", "off_profile", "direction: kernel:attention", "<- largest", *WORK):
+        assert word in text
+    assert "5.00x" in text
+
+
+def test_render_svg_is_xml_and_names_each_class_and_factor():
+    svg = render_svg(_slow_attention_ceiling())
+    root = ET.fromstring(svg)
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    texts = " ".join("".join(t.itertext()) for t in root.iter("{http://www.w3.org/2000/svg}text"))
+    for word in ("tree", "kernels", "off_profile", *WORK):
+        assert word in texts
+    assert "kernel:attention" in texts
+    assert len(list(root.iter("{http://www.w3.org/2000/svg}rect"))) >= 3 + 2 * len(WORK)
+
+
+def test_render_svg_escapes_and_survives_infinite_ratio():
+    p = Profile(1.0, {"target_linear": KernelStat(0.1, 1e9, 0.0), "other": KernelStat(0.5)})
+    svg = render_svg(ceiling(p, DeviceSpec("a<b&c", 1e12, 1e12, "test"), 1.0, 1.0))
+    ET.fromstring(svg)
+    assert "inf" in svg
+
+
+def test_cpu_kind_is_measured_once(monkeypatch):
+    calls = []
+    fake = DeviceSpec("cpu", 1e11, 1e10, "fake")
+    monkeypatch.setattr(cm, "_CPU", None)
+    monkeypatch.setattr(cm, "measure_cpu_peaks", lambda seconds=0.5: calls.append(1) or fake)
+    assert byte_floor(1e11, 0.0, "cpu") == pytest.approx(1.0 / 0.6)
+    assert byte_floor(0.0, 1e10, "cpu") == pytest.approx(1.0 / 0.9)
+    assert len(calls) == 1
