@@ -1,0 +1,353 @@
+"""A non-invasive profiler of the engine's decode step by kernel class (DESIGN.md §6).
+
+`profile_generate` runs `decode.generate` unchanged under temporary hooks and returns, per decode
+step (and the mean per N = rows verified), {class: (seconds, bytes, FLOPs)} for the kernel classes
+of the planner's cost model (same names; the engine imports no service, so the output is plain
+dataclasses / named tuples that `costmodel.Profile(**step.as_profile())` accepts):
+
+- `target_linear`        every nn.Linear inside the target's layers (forward pre/post hooks);
+- `lm_head`              the target's final projection. `Model.forward` calls
+                         `F.linear(self.model.norm(x), lm_head_weight)` inline, so a forward
+                         post-hook on `model.norm` marks its end, and lm_head is the time from
+                         that mark to the return of `Model.forward` (an instance-level wrapper of
+                         `target.forward`): the projection plus building the `Output`, nothing
+                         else. No separate (re-)computation, no change to the model's code;
+- `attention`            Attention modules' own time minus their child Linears;
+- `recurrent`            GatedDeltaNet modules' own time minus their child Linears (chain passes
+                         through the module hooks; tree passes call `forward_tree` directly, so
+                         it is wrapped on the instance too);
+- `drafter`              time inside drafter.propose / observe (instance wrappers);
+- `tree_build`           the policy call, plus `Tree.ancestor_mask` of the verify pass;
+- `sampling_acceptance`  the argmax over the verified rows (generate's verify window minus the
+                         target forward and the ancestor mask; the small input-tensor building of
+                         the pass rides along) plus `Tree.accept`;
+- `other`                the step's wall time minus all of the above (cache commit, emit,
+                         norms/MLP activations/embedding/residual adds, hook overhead, ...).
+
+Nested timing is exclusive: a timed region's seconds exclude the timed regions inside it. Every
+boundary synchronizes the device first on CUDA (`torch.cuda.synchronize`) and reads
+`time.perf_counter`; the profiled run is therefore slower than an unprofiled one (no overlap of
+host and device work) — compare `step_wall` with `reference_step_wall` (the same run unprofiled)
+for the off-profile factor. T_AR is the mean step of an unprofiled AR run on the same engine.
+
+Step boundaries are generate's own clocks: T_step = t_draft + t_verify + t_commit of its `Step`
+records. Events are assigned to steps by the target-forward count: propose / policy / ancestor
+mask belong to the next pass, module hooks / accept / observe to the latest one; the prefill pass
+(and the observe after it) is dropped.
+
+Temporary patches (all removed in `finally`, even on error): module hooks on the target's layers,
+instance attributes `target.forward`, `drafter.propose`, `drafter.observe`,
+`GatedDeltaNet.forward_tree` (per instance), and the class / module attributes `Tree.accept`,
+`Tree.ancestor_mask`, `trees.chain` (the latter so that generate's `policy is trees.chain` test
+still holds). The class-level patches make profiling not thread-safe against concurrent
+`generate` calls in the same process.
+
+FLOPs and bytes are counted from shapes: Linear 2·rows·in·out FLOPs, weight (+bias) + input +
+output bytes; attention 2·2·rows·keys·head_dim·heads FLOPs, K/V cache read + q + out bytes (every
+key in the cache prefix counts, sliding windows included: SDPA reads them); recurrent 4·H·Dk·Dv
+FLOPs per row and a state read + write per row (state dtype) + q/k/v/out bytes; lm_head like a
+Linear. The drafter, tree_build, sampling_acceptance and other classes carry no bytes/FLOPs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from . import decode, trees
+from .cache import state_dtype
+from .model import Attention, GatedDeltaNet, Model
+
+KERNEL_CLASSES: tuple[str, ...] = ("target_linear", "lm_head", "attention", "recurrent", "drafter",
+                                   "tree_build", "sampling_acceptance", "other")
+MEASURED = KERNEL_CLASSES[:-1]
+MASK = "_ancestor_mask"  # internal bucket, folded into tree_build
+
+
+class ClassStat(NamedTuple):
+    """seconds, bytes, FLOPs of one kernel class (a tuple: costmodel.KernelStat(*stat) takes it)."""
+
+    seconds: float
+    bytes: float = 0.0
+    flops: float = 0.0
+
+
+@dataclass
+class StepProfile:
+    n: int  # rows verified by this pass (root included)
+    tau: int  # tokens committed (accepted path, root included)
+    t_step: float  # generate's measured step wall time (profiled run)
+    kernels: dict[str, ClassStat]
+
+    @property
+    def profiled_seconds(self) -> float:
+        return sum(s.seconds for c, s in self.kernels.items() if c != "other")
+
+    def as_profile(self) -> dict:
+        """Keyword arguments of costmodel.Profile."""
+        return {"t_step": self.t_step, "kernels": dict(self.kernels), "n": self.n}
+
+
+@dataclass
+class ProfileResult:
+    tokens: list[int]  # tokens of the profiled run
+    reference_tokens: list[int]  # the same run, unprofiled
+    ar_tokens: list[int]
+    steps: list[StepProfile]
+    step_wall: list[float]  # profiled run, per step
+    reference_step_wall: list[float]  # unprofiled run, per step
+    t_ar: float  # mean step of the unprofiled AR run
+    device: str = "cpu"
+    by_n: dict[int, StepProfile] = field(default_factory=dict)  # mean step per N
+
+    @property
+    def tokens_match(self) -> bool:
+        return self.tokens == self.reference_tokens
+
+
+def mean_step(steps: list[StepProfile]) -> StepProfile:
+    """The mean of steps (all classes present in each)."""
+    k = len(steps)
+    kernels = {c: ClassStat(*(sum(s.kernels[c][i] for s in steps) / k for i in range(3))) for c in KERNEL_CLASSES}
+    ns = {s.n for s in steps}
+    return StepProfile(ns.pop() if len(ns) == 1 else -1, round(sum(s.tau for s in steps) / k),
+                       sum(s.t_step for s in steps) / k, kernels)
+
+
+def _nbytes(t) -> int:
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+class _Profiler:
+    def __init__(self, target: Model, drafter=None):
+        self.target, self.drafter = target, drafter
+        dev = target.lm_head_weight.device
+        self.cuda = dev.type == "cuda"
+        self.dev = dev
+        self.n_forward = 0  # target forward calls started (prefill = 1)
+        # bucket (0 = prefill, k = decode step k) -> class -> [seconds, bytes, flops]
+        self.acc = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0, 0.0]))
+        self.forward_s = defaultdict(float)  # bucket -> target forward wall time
+        self.stack: list[list] = []  # open frames: [cls, t0, children seconds, bytes, flops, bucket]
+        self.norm_mark: float | None = None
+        self.undo: list = []
+
+    # ----------------------------------------------------------------------------- clock, frames
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize(self.dev)
+        return time.perf_counter()
+
+    def bucket(self, pre: bool) -> int:
+        return self.n_forward if pre else self.n_forward - 1
+
+    def push(self, cls: str, pre: bool = False, nbytes: float = 0.0, flops: float = 0.0) -> None:
+        self.stack.append([cls, self.now(), 0.0, nbytes, flops, self.bucket(pre)])
+
+    def pop(self) -> None:
+        t1 = self.now()
+        cls, t0, children, nbytes, flops, b = self.stack.pop()
+        elapsed = t1 - t0
+        a = self.acc[b][cls]
+        a[0] += max(elapsed - children, 0.0)
+        a[1] += nbytes
+        a[2] += flops
+        if self.stack:
+            self.stack[-1][2] += elapsed
+
+    def add(self, b: int, cls: str, seconds: float, nbytes: float = 0.0, flops: float = 0.0) -> None:
+        a = self.acc[b][cls]
+        a[0] += seconds
+        a[1] += nbytes
+        a[2] += flops
+        if self.stack:
+            self.stack[-1][2] += seconds
+
+    def timed(self, cls: str, fn, pre: bool):
+        def wrapper(*args, **kwargs):
+            self.push(cls, pre)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.pop()
+        return wrapper
+
+    # ----------------------------------------------------------------------------- shape counts
+    def _linear_pre(self, mod: nn.Linear, args):
+        x = args[0]
+        rows = x.numel() // mod.in_features
+        nbytes = _nbytes(mod.weight) + _nbytes(mod.bias) + _nbytes(x) + rows * mod.out_features * x.element_size()
+        self.push("target_linear", nbytes=nbytes, flops=2.0 * rows * mod.in_features * mod.out_features)
+
+    def _attention_pre(self, mod: Attention, args):
+        x, cache, start = args[0], args[4], args[5]
+        B, T, _ = x.shape
+        c = mod.cfg
+        if cache is None:
+            keys = T
+        elif cache.static:
+            keys = cache.k[mod.layer].shape[2]
+        else:
+            keys = start + T
+        nh, nkv, hd, e = c.num_attention_heads, c.num_key_value_heads, c.head_dim, x.element_size()
+        flops = 2.0 * 2.0 * B * T * keys * hd * nh
+        nbytes = 2 * B * keys * nkv * hd * e + 2 * B * T * nh * hd * e  # K/V read, q in + out
+        self.push("attention", nbytes=nbytes, flops=flops)
+
+    def _recurrent_counts(self, mod: GatedDeltaNet, x: torch.Tensor):
+        c = mod.cfg
+        rows = x.shape[0] * x.shape[1]
+        H, dk, dv = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
+        se = torch.empty((), dtype=state_dtype(x.dtype)).element_size()
+        flops = 4.0 * rows * H * dk * dv
+        nbytes = rows * (2 * H * dk * dv * se + (2 * H * dk + 2 * H * dv) * se)  # state r+w; q, k, v, out
+        return nbytes, flops
+
+    def _recurrent_pre(self, mod: GatedDeltaNet, args):
+        nbytes, flops = self._recurrent_counts(mod, args[0])
+        self.push("recurrent", nbytes=nbytes, flops=flops)
+
+    def _post(self, mod, args, out):
+        self.pop()
+
+    # ----------------------------------------------------------------------------- install
+    def _set_attr(self, obj, name: str, value) -> None:
+        had = name in vars(obj)
+        old = vars(obj).get(name)
+
+        def restore():
+            if had:
+                setattr(obj, name, old)
+            else:
+                delattr(obj, name)
+        setattr(obj, name, value)
+        self.undo.append(restore)
+
+    def _set_class_attr(self, obj, name: str, value) -> None:
+        old = getattr(obj, name)
+        setattr(obj, name, value)
+        self.undo.append(lambda: setattr(obj, name, old))
+
+    def install(self) -> None:
+        tgt = self.target
+        for mod in tgt.model.layers.modules():
+            if isinstance(mod, nn.Linear):
+                pre = mod.register_forward_pre_hook(self._linear_pre)
+            elif isinstance(mod, Attention):
+                pre = mod.register_forward_pre_hook(self._attention_pre)
+            elif isinstance(mod, GatedDeltaNet):
+                pre = mod.register_forward_pre_hook(self._recurrent_pre)
+                self._set_attr(mod, "forward_tree", self._wrap_forward_tree(mod, mod.forward_tree))
+            else:
+                continue
+            self.undo.append(pre.remove)
+            self.undo.append(mod.register_forward_hook(self._post).remove)
+        self.undo.append(tgt.model.norm.register_forward_hook(self._norm_mark).remove)
+        self._set_attr(tgt, "forward", self._wrap_forward(tgt.forward))
+        if self.drafter is not None:
+            self._set_attr(self.drafter, "propose", self.timed("drafter", self.drafter.propose, pre=True))
+            self._set_attr(self.drafter, "observe", self.timed("drafter", self.drafter.observe, pre=False))
+        self._set_class_attr(trees.Tree, "accept", self._wrap_method("sampling_acceptance", trees.Tree.accept, False))
+        self._set_class_attr(trees.Tree, "ancestor_mask", self._wrap_method(MASK, trees.Tree.ancestor_mask, True))
+        self.chain = self.timed("tree_build", trees.chain, pre=True)
+        self._set_class_attr(trees, "chain", self.chain)
+
+    def _wrap_method(self, cls, fn, pre):
+        timed = self.timed(cls, fn, pre)
+
+        def method(tree_self, *args, **kwargs):
+            return timed(tree_self, *args, **kwargs)
+        return method
+
+    def _wrap_forward_tree(self, mod, fn):
+        def forward_tree(x, *args, **kwargs):
+            nbytes, flops = self._recurrent_counts(mod, x)
+            self.push("recurrent", nbytes=nbytes, flops=flops)
+            try:
+                return fn(x, *args, **kwargs)
+            finally:
+                self.pop()
+        return forward_tree
+
+    def _norm_mark(self, mod, args, out):
+        self.norm_mark = self.now()
+
+    def _wrap_forward(self, fn):
+        def forward(*args, **kwargs):
+            self.n_forward += 1
+            b = self.n_forward - 1
+            self.norm_mark = None
+            t0 = self.now()
+            out = fn(*args, **kwargs)
+            t1 = self.now()
+            self.forward_s[b] += t1 - t0
+            if self.norm_mark is not None and out.logits is not None:
+                w = self.target.lm_head_weight
+                rows = out.logits.numel() // w.shape[0]
+                nbytes = _nbytes(w) + rows * w.shape[1] * out.logits.element_size() + _nbytes(out.logits)
+                self.add(b, "lm_head", t1 - self.norm_mark, nbytes, 2.0 * rows * w.shape[0] * w.shape[1])
+            return out
+        return forward
+
+    def remove(self) -> None:
+        while self.undo:
+            self.undo.pop()()
+
+    # ----------------------------------------------------------------------------- results
+    def steps(self, res: decode.Result) -> list[StepProfile]:
+        out = []
+        for k, s in enumerate(res.steps, start=1):
+            acc = self.acc[k]
+            kern = {c: ClassStat(*acc[c]) if c in acc else ClassStat(0.0) for c in MEASURED}
+            mask = acc[MASK][0] if MASK in acc else 0.0
+            tb = kern["tree_build"]
+            kern["tree_build"] = ClassStat(tb.seconds + mask)
+            # argmax: generate's verify window minus the target forward and the ancestor mask inside it
+            sa = kern["sampling_acceptance"]
+            kern["sampling_acceptance"] = ClassStat(sa.seconds + max(s.t_verify - self.forward_s[k] - mask, 0.0))
+            t_step = s.t_draft + s.t_verify + s.t_commit
+            measured = sum(v.seconds for v in kern.values())
+            kern["other"] = ClassStat(max(t_step - measured, 0.0))
+            out.append(StepProfile(s.drafted + 1, s.tau, t_step, kern))
+        return out
+
+
+def _step_walls(res: decode.Result) -> list[float]:
+    return [s.t_draft + s.t_verify + s.t_commit for s in res.steps]
+
+
+def profile_generate(target: Model, prompt: list[int], max_new_tokens: int, drafter=None, draft_len: int = 8,
+                     policy=None, eos: set[int] | None = None) -> ProfileResult:
+    """Profile `decode.generate(target, prompt, max_new_tokens, drafter, draft_len, eos, policy)`;
+    see the module docstring. Runs generate three times: AR unprofiled (T_AR), the configuration
+    unprofiled (reference tokens and step times; skipped for AR, whose reference is the AR run)
+    and the configuration profiled."""
+    ar = decode.generate(target, prompt, max_new_tokens, eos=eos)
+    ar_walls = _step_walls(ar)
+    t_ar = sum(ar_walls) / len(ar_walls) if ar_walls else 0.0
+    ref = decode.generate(target, prompt, max_new_tokens, drafter, draft_len, eos=eos, policy=policy) \
+        if drafter is not None else ar
+
+    chain = trees.chain
+    prof = _Profiler(target, drafter)
+    try:
+        prof.install()
+        # the stock chain goes through the patched `trees.chain`, so generate's `policy is trees.chain`
+        # test (which sizes the caches) still holds; any other policy is wrapped
+        pol = prof.chain if policy is None or policy is chain else prof.timed("tree_build", policy, pre=True)
+        res = decode.generate(target, prompt, max_new_tokens, drafter, draft_len, eos=eos, policy=pol)
+    finally:
+        prof.remove()
+        prof.stack.clear()
+    steps = prof.steps(res)
+    groups: dict[int, list[StepProfile]] = defaultdict(list)
+    for s in steps:
+        groups[s.n].append(s)
+    return ProfileResult(tokens=res.tokens, reference_tokens=ref.tokens, ar_tokens=ar.tokens, steps=steps,
+                         step_wall=_step_walls(res), reference_step_wall=_step_walls(ref), t_ar=t_ar,
+                         device=str(prof.dev), by_n={n: mean_step(g) for n, g in sorted(groups.items())})
