@@ -146,7 +146,7 @@ def cmd_demo(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from specpilot import force_cli, memory_cli
+    from specpilot import costmodel_cli, force_cli, memory_cli
     from specpilot.zoo import cli as zoo_cli
 
     parser = argparse.ArgumentParser(prog="specpilot", description=__doc__)
@@ -194,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     zoo_cli.register(sub)
     force_cli.register(sub)
     memory_cli.register(sub)
+    costmodel_cli.register(sub)
     return parser
 
 
