@@ -86,7 +86,7 @@ def generate(target: Model, prompt: list[int], max_new_tokens: int, drafter: Dra
     eos = set(target.cfg.eos_token_id) if eos is None else eos
     policy = policy or trees.chain
     dev = target.lm_head_weight.device
-    lookahead = (draft_len if policy is trees.chain else MAX_TREE) if drafter is not None else 0
+    lookahead = max(draft_len, MAX_TREE) if drafter is not None else 0  # a pass verifies ≤ this many rows
     max_len = len(prompt) + max_new_tokens + lookahead + 1
     cache = target.new_cache(max_len)
     feat_layers = drafter.target_layers if drafter is not None else ()

@@ -37,10 +37,9 @@ mask belong to the next pass, module hooks / accept / observe to the latest one;
 
 Temporary patches (all removed in `finally`, even on error): module hooks on the target's layers,
 instance attributes `target.forward`, `drafter.propose`, `drafter.observe`,
-`GatedDeltaNet.forward_tree` (per instance), and the class / module attributes `Tree.accept`,
-`Tree.ancestor_mask`, `trees.chain` (the latter so that generate's `policy is trees.chain` test
-still holds). The class-level patches make profiling not thread-safe against concurrent
-`generate` calls in the same process.
+`GatedDeltaNet.forward_tree` (per instance), and the class attributes `Tree.accept` and
+`Tree.ancestor_mask`; the tree policy is wrapped, not patched. The class-level patches make
+profiling not thread-safe against concurrent `generate` calls in the same process.
 
 FLOPs and bytes are counted from shapes: Linear 2·rows·in·out FLOPs, weight (+bias) + input +
 output bytes; attention 2·2·rows·keys·head_dim·heads FLOPs, K/V cache read + q + out bytes (every
@@ -254,8 +253,6 @@ class _Profiler:
             self._set_attr(self.drafter, "observe", self.timed("drafter", self.drafter.observe, pre=False))
         self._set_class_attr(trees.Tree, "accept", self._wrap_method("sampling_acceptance", trees.Tree.accept, False))
         self._set_class_attr(trees.Tree, "ancestor_mask", self._wrap_method(MASK, trees.Tree.ancestor_mask, True))
-        self.chain = self.timed("tree_build", trees.chain, pre=True)
-        self._set_class_attr(trees, "chain", self.chain)
 
     def _wrap_method(self, cls, fn, pre):
         timed = self.timed(cls, fn, pre)
@@ -333,13 +330,10 @@ def profile_generate(target: Model, prompt: list[int], max_new_tokens: int, draf
     ref = decode.generate(target, prompt, max_new_tokens, drafter, draft_len, eos=eos, policy=policy) \
         if drafter is not None else ar
 
-    chain = trees.chain
     prof = _Profiler(target, drafter)
     try:
         prof.install()
-        # the stock chain goes through the patched `trees.chain`, so generate's `policy is trees.chain`
-        # test (which sizes the caches) still holds; any other policy is wrapped
-        pol = prof.chain if policy is None or policy is chain else prof.timed("tree_build", policy, pre=True)
+        pol = prof.timed("tree_build", policy or trees.chain, pre=True)
         res = decode.generate(target, prompt, max_new_tokens, drafter, draft_len, eos=eos, policy=pol)
     finally:
         prof.remove()

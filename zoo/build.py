@@ -118,6 +118,12 @@ def drafter_config(r: Recipe, kind: str, target: ModelConfig) -> DraftConfig:
         block_size=r.block, markov_rank=r.markov_rank)
 
 
+def as_stored(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """The module as users load it: its weights rounded to the stored dtype, computing in float32
+    (τ is measured on exactly what ships)."""
+    return module.to(dtype).float()
+
+
 def params(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
@@ -170,7 +176,7 @@ def build(preset: str, out: Path, device: str = "cpu", log=print) -> dict:
         log(f"  {role} target: {params(target) / 1e6:.2f} M parameters, held-out loss {loss:.3f}")
         save_model(target, out / role, dtype=sdt)
         tok_mod.save(tok, out / role)
-        target = target.to(sdt).float() if r.store_dtype != "float32" else target  # what users will load
+        target = as_stored(target, sdt)
         entry = {"name": role, "path": role, "role": "target", "kind": cfg.family, "target": None,
                  "params": params(target), "heldout_loss": loss, "tau": None}
         models.append(entry)
@@ -195,7 +201,7 @@ def build(preset: str, out: Path, device: str = "cpu", log=print) -> dict:
             timings[f"{role}_{kind}_s"] = time.perf_counter() - t
             name = f"{role}-{kind.replace('_', '-')}"
             save_drafter(net, out / name, dtype=sdt)
-            net = net.to(sdt).float() if r.store_dtype != "float32" else net
+            net = as_stored(net, sdt)
             taus[kind] = {k: measure_tau(target, FeatureDrafter(net, target), p, r.eval_new_tokens, r.block)
                           for k, p in prompts.items()}
             models.append({"name": name, "path": name, "role": "drafter", "kind": kind, "target": role,
@@ -212,7 +218,7 @@ def build(preset: str, out: Path, device: str = "cpu", log=print) -> dict:
         lm_loss = train.heldout_loss(lm, held_ids, r.seq, 64, r.seed + 3, device)
         save_model(lm, out / name, dtype=sdt)
         tok_mod.save(tok, out / name)
-        lm = lm.to(sdt).float() if r.store_dtype != "float32" else lm
+        lm = as_stored(lm, sdt)
         taus["draft_lm"] = {k: measure_tau(target, DraftLM(lm), p, r.eval_new_tokens, r.block)
                             for k, p in prompts.items()}
         models.append({"name": name, "path": name, "role": "drafter", "kind": "draft_lm", "target": role,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import subprocess
 import tarfile
@@ -122,8 +123,7 @@ def test_order_matters_and_missing_requirement_is_stale(setup):
 
 def test_tampered_added_line_gives_a_different_tree(setup):
     r, a, b, _, tree_b = setup
-    bad = Entry(id=b.id, version=1, title=b.title, requires=b.requires,
-                delta=b.delta.replace("reverse=True", "reverse=False"))
+    bad = dataclasses.replace(b, delta=b.delta.replace("reverse=True", "reverse=False"))
     assert bad.delta != b.delta
     with pytest.raises(ReproduceError, match="tree-topk@1") as e:
         reproduce(r.path, r.stock, [a, bad], tree_b)
@@ -134,8 +134,7 @@ def test_tampered_added_line_gives_a_different_tree(setup):
 
 def test_tampered_context_line_does_not_apply(setup):
     r, a, b, _, tree_b = setup
-    bad = Entry(id=b.id, version=1, title=b.title, requires=b.requires,
-                delta=b.delta.replace(" def best_first(lat, n):", " def best_first(lat, m):"))
+    bad = dataclasses.replace(b, delta=b.delta.replace(" def best_first(lat, n):", " def best_first(lat, m):"))
     assert bad.delta != b.delta
     with pytest.raises(ReproduceError, match="tree-topk@1") as e:
         reproduce(r.path, r.stock, [a, bad], tree_b)
