@@ -36,7 +36,8 @@ FEATURE_KINDS = ("sequential", "block", "block_markov")
 class Lattice:
     """Candidates for m drafted positions: tokens[i] are the top-k tokens at position i+1 after the
     newest token, logp their drafter log-probabilities (-inf / token -1 where fewer exist).
-    trans[i, a, b] = log p(tokens[i+1, b] | tokens[i, a]) where the drafter conditions on parents."""
+    trans[i, a, b] = log p(tokens[i+1, b] | tokens[i, a]) + c(i, a) where the drafter conditions on
+    parents: the constant c(i, a) is free because trees normalize over the candidates of a parent."""
 
     tokens: torch.Tensor  # [m, k] long
     logp: torch.Tensor  # [m, k] float
@@ -244,11 +245,11 @@ class FeatureDrafter(Drafter):
         newest = torch.tensor([self.newest], device=logits.device)
         first = net.markov_logits(logits[0], newest, self.emb)
         lat = Lattice.from_logits(torch.cat((first, logits[1:])))
-        trans = []
-        for i in range(1, m):
-            cond = F.log_softmax(net.markov_logits(logits[i], lat.tokens[i - 1], self.emb).double(), dim=-1)
-            trans.append(cond.gather(1, lat.tokens[i][None].expand(lat.tokens.shape[1], -1)))
-        lat.trans = torch.stack(trans) if trans else None
+        if m > 1:  # each next-position candidate's logit given each parent candidate, all positions at once
+            cand = lat.tokens[1:m]  # [m-1, k]
+            parent = net.markov_in(F.embedding(lat.tokens[:m - 1], self.emb))  # [m-1, k, rank]
+            child = F.embedding(cand, net.markov_out.weight)  # [m-1, k, rank]
+            lat.trans = (logits[1:m].gather(1, cand)[:, None, :] + parent @ child.transpose(1, 2)).double()
         return lat
 
 

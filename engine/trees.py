@@ -45,13 +45,12 @@ class Tree:
     def ancestor_mask(self, device=None) -> torch.Tensor:
         """[N, N]: row i sees column j when j is i or one of its ancestors."""
         n = len(self.tokens)
-        m = torch.zeros(n, n, dtype=torch.bool)
+        rows = [[False] * n for _ in range(n)]
         for i in range(n):
-            j = i
-            while j >= 0:
-                m[i, j] = True
-                j = self.parents[j]
-        return m.to(device)
+            if i:
+                rows[i][:i] = rows[self.parents[i]][:i]  # a parent comes before its child
+            rows[i][i] = True
+        return torch.tensor(rows, dtype=torch.bool, device=device)
 
     def is_chain(self) -> bool:
         return all(p == i - 1 for i, p in enumerate(self.parents))
@@ -79,12 +78,10 @@ def _scores(lat: Lattice) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 def _tree(root: int, lat: Lattice, nodes: list[tuple[int, int, int]]) -> Tree:
     """nodes: (position, candidate, parent node index) in an order where parents come first."""
-    toks, parents, cands = [root], [-1], []
-    for pos, cand, parent in nodes:
-        toks.append(int(lat.tokens[pos, cand]))
-        parents.append(parent)
-        cands.append((pos, cand))
-    return Tree(tuple(toks), tuple(parents), tuple(cands))
+    toks = lat.tokens.tolist()
+    return Tree(tuple([root] + [toks[pos][cand] for pos, cand, _ in nodes]),
+                tuple([-1] + [parent for _, _, parent in nodes]),
+                tuple((pos, cand) for pos, cand, _ in nodes))
 
 
 def chain(root: int, lat: Lattice, limit: int | None = None) -> Tree:
@@ -94,10 +91,12 @@ def chain(root: int, lat: Lattice, limit: int | None = None) -> Tree:
 
 def best_first(root: int, lat: Lattice, n: int, max_depth: int = MAX_DEPTH) -> Tree:
     """The n highest path scores; ties go to the shallower node, then the lower candidate index."""
-    node, trans = _scores(lat)
-    m, k = lat.tokens.shape
-    depth = min(m, max_depth)
-    heap = [(-float(node[0, c]), 1, 0, c, 0) for c in range(k) if lat.tokens[0, c] >= 0]
+    node_t, trans_t = _scores(lat)
+    toks, node = lat.tokens.tolist(), node_t.tolist()  # plain lists: this loop runs every step
+    trans = trans_t.tolist() if trans_t is not None else None
+    depth = min(len(toks), max_depth)
+    valid = [[c for c, t in enumerate(row) if t >= 0] for row in toks]
+    heap = [(-node[0][c], 1, 0, c, 0) for c in valid[0]]
     heapq.heapify(heap)
     picked: list[tuple[int, int, int]] = []
     while heap and len(picked) < n:
@@ -105,11 +104,9 @@ def best_first(root: int, lat: Lattice, n: int, max_depth: int = MAX_DEPTH) -> T
         picked.append((pos, cand, parent))
         me = len(picked)  # this node's index in the tree (root is 0)
         if pos + 1 < depth:
-            for c in range(k):
-                if lat.tokens[pos + 1, c] < 0:
-                    continue
-                s = trans[pos, cand, c] if trans is not None else node[pos + 1, c]
-                heapq.heappush(heap, (neg - float(s), d + 1, pos + 1, c, me))
+            scores = trans[pos][cand] if trans is not None else node[pos + 1]
+            for c in valid[pos + 1]:
+                heapq.heappush(heap, (neg - scores[c], d + 1, pos + 1, c, me))
     return _tree(root, lat, picked)
 
 

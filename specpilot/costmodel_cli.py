@@ -13,69 +13,30 @@ import json
 import sys
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
 POLICIES = ("chain", "best-first:16", "best-first:32", "best-first:63")
 
 
-def mean(xs) -> float:
-    xs = list(xs)
-    return sum(xs) / len(xs) if xs else 0.0
-
-
 def run_costmodel(target_dir, drafter_dir, prompts: int = 4, new_tokens: int = 48, device: str = "cpu",
                   device_kind: str | None = None, policies=POLICIES, progress=True) -> dict:
-    from specpilot.engine.checkpoint import load_model
-    from specpilot.engine.decode import generate
-    from specpilot.engine.drafters import load_drafter
-    from specpilot.engine.engine import load_tokenizer
-    from specpilot.engine.profiler import mean_step, profile_generate
-    from specpilot.engine.replay import make_policy, replay
+    """Measure (the GPU worker's Profile, in this process) and analyze (the planner's cost model)
+    the stock chain system of a target and drafter, with best-first budgets beside it."""
+    from specpilot.engine.engine import Engine, EngineConfig
+    from specpilot.services.gpu_worker.profiling import measure
     from specpilot.services.planner import costmodel
     from specpilot.zoo.workloads import humaneval
 
-    target = load_model(target_dir, torch.float32, device)
-    drafter = load_drafter(str(drafter_dir), torch.float32, device, target)
-    tok = load_tokenizer(target_dir)
-    if tok is None:
+    engine = Engine(EngineConfig(target=str(target_dir), drafter=str(drafter_dir), mode="chain", draft_len=16,
+                                 device=device))
+    if engine.tokenizer is None:
         raise ValueError(f"{target_dir} has no tokenizer.json: the cost model profiles on HumanEval text prompts")
-    ids = [tok.encode(r.prompt).ids[-512:] for r in humaneval(limit=prompts)]
-    rows, t_ars = {}, []
-    bar = tqdm(total=len(policies) * len(ids), desc="profiling", disable=not progress, file=sys.stderr)
-    for spec in policies:
-        steps, walls = [], []
-        for p in ids:
-            res = profile_generate(target, p, new_tokens, drafter, draft_len=16, policy=make_policy(spec))
-            steps += res.steps
-            walls += res.reference_step_wall
-            t_ars.append(res.t_ar)
-            bar.update(1)
-        rows[spec] = {"mean_step": mean_step(steps), "tau": mean(s.tau for s in steps), "t_step": mean(walls)}
-    bar.close()
-    t_ar = mean(t_ars)
-    table = []
-    for spec, r in rows.items():
-        c = costmodel.step_cost(r["t_step"], t_ar)
-        table.append({"policy": spec, "rows": r["mean_step"].n, "tau": r["tau"], "t_step_s": r["t_step"], "c": c,
-                      "speedup": costmodel.speedup(r["tau"], r["t_step"], t_ar)})
-    best = max(table, key=lambda r: (r["speedup"], -table.index(r)))
-    record = []
-    for p in ids:
-        generate(target, p, new_tokens, drafter, draft_len=16, policy=make_policy(best["policy"]), record=record)
-    tau_oracle = mean(replay(record, "oracle"))
-    step = rows[best["policy"]]["mean_step"]
-    measured = {k: v for k, v in step.kernels.items() if k != "other"}  # "other" is the off-profile remainder
-    profile = costmodel.Profile(t_step=best["t_step_s"], kernels=measured, n=step.n)
+    ids = [engine.encode(r)[-512:] for r in humaneval(limit=prompts)]
+    with tqdm(total=len(policies) * len(ids), desc="profiling", disable=not progress, file=sys.stderr) as bar:
+        m = measure(engine, ids, new_tokens, list(policies), [], progress=bar.update)
     kind = device_kind or ("cpu" if device == "cpu" else "h200")
-    ceil = costmodel.ceiling(profile, kind, best["tau"], max(tau_oracle, best["tau"]))
     return {"target": str(target_dir), "drafter": str(drafter_dir), "device": device, "device_kind": kind,
-            "t_ar_s": t_ar, "budgets": table, "best": best["policy"], "tau_oracle": tau_oracle,
-            "ceiling": {"factors": ceil.factors, "product": ceil.product, "largest": ceil.largest,
-                        "per_class": [{"class": r.kernel_class, "seconds": r.seconds, "floor_s": r.floor, "ratio": r.ratio}
-                                      for r in ceil.per_class]},
-            "direction": costmodel.direction(ceil), "table": costmodel.render_table(ceil),
-            "svg": costmodel.render_svg(ceil)}
+            **costmodel.analyze(m, kind)}
 
 
 def register(subparsers) -> None:
@@ -103,9 +64,8 @@ def run(args) -> int:
     print(f"T_AR {out['t_ar_s'] * 1e3:.2f} ms ({out['device']})")
     print(f"{'policy':16s} {'rows':>5s} {'τ':>6s} {'T_step':>10s} {'c':>6s} {'speedup':>8s}")
     for r in out["budgets"]:
-        rows = str(r["rows"]) if r["rows"] >= 0 else "mixed"
-        print(f"{r['policy']:16s} {rows:>5s} {r['tau']:6.2f} {r['t_step_s'] * 1e3:8.2f}ms {r['c']:6.2f} "
+        print(f"{r['policy']:16s} {r['rows']:5.1f} {r['tau']:6.2f} {r['t_step_s'] * 1e3:8.2f}ms {r['c']:6.2f} "
               f"{r['speedup']:8.2f}")
-    print(f"best: {out['best']} · oracle τ {out['tau_oracle']:.2f}\n")
+    print(f"best: {out['best']} · oracle τ {out['tau_oracle']:.2f} (on the {out['current']} recording)\n")
     print(out["table"])
     return 0

@@ -60,6 +60,11 @@ class Recipe:
     draft_lm_steps: int = 300
     eval_prompts: int = 8
     eval_new_tokens: int = 64
+    # fraction of the distillation prompts cut like the workloads (signature + docstring of a
+    # documented function, from TRAIN-split modules only); the rest are random corpus windows
+    workload_prompts: float = 0.0
+    gen_batch: int = 128  # prompts per batched greedy-continuation pass (large on a GPU)
+    anchors: int = 4  # blocks per training sequence (block kinds)
     store_dtype: str = "bfloat16"
     seed: int = 0
     corpus_bytes: int | None = None  # cap per split (tests); None = the whole standard library
@@ -69,12 +74,14 @@ PRESETS = {
     "micro": Recipe("micro", vocab=4096, target=Shape(128, 4, 4, 2, 384), draft_lm=Shape(64, 2, 4, 2, 192),
                     target_steps=500, target_batch=16, seq=128, target_lr=3e-3,
                     distill_seqs=768, prompt_len=32, gen_len=128,
-                    drafter_steps=300, drafter_batch=16, drafter_lr=2e-3, draft_lm_steps=300),
+                    drafter_steps=300, drafter_batch=16, drafter_lr=2e-3, draft_lm_steps=300,
+                    workload_prompts=0.5),
     "small": Recipe("small", vocab=8192, target=Shape(512, 8, 8, 4, 1536), draft_lm=Shape(192, 2, 4, 2, 512),
                     target_steps=600, target_batch=32, seq=256, target_lr=1.5e-3,
                     distill_seqs=4096, prompt_len=64, gen_len=192,
-                    drafter_steps=400, drafter_batch=32, sequential_batch=16, drafter_lr=1e-3,
-                    draft_lm_steps=400, eval_prompts=8, eval_new_tokens=64, markov_rank=64),
+                    drafter_steps=1200, drafter_batch=64, sequential_batch=32, drafter_lr=1e-3, anchors=8,
+                    draft_lm_steps=400, eval_prompts=8, eval_new_tokens=64, markov_rank=64,
+                    workload_prompts=0.5, gen_batch=512),
     # a seconds-long build of the whole pipeline for the test suite
     "nano": Recipe("nano", vocab=300, target=Shape(32, 2, 2, 1, 64), draft_lm=Shape(32, 1, 2, 1, 64),
                    target_steps=12, target_batch=4, seq=32, target_lr=3e-3,
@@ -141,6 +148,33 @@ def eval_prompts(r: Recipe, tok) -> dict[str, list[list[int]]]:
             "stdlib": [tok_mod.encode(tok, q.prompt) for q in workloads.stdlib_completion(limit=r.eval_prompts)]}
 
 
+def workload_like_prompts(tok, docs) -> list[list[int]]:
+    """Signature + docstring prompts cut from `docs` as workloads.stdlib_completion cuts them (pass
+    the TRAIN split: held-out modules stay unseen), as token ids, in document and line order."""
+    out = []
+    for d in docs:
+        try:
+            found = workloads.function_prompts(d.text)
+        except SyntaxError:
+            continue
+        out += [tok_mod.encode(tok, p) for _, _, p in found]
+    return out
+
+
+def distill_prompts(r: Recipe, train_ids: torch.Tensor, fn_prompts: list[list[int]]) -> torch.Tensor:
+    """[distill_seqs, prompt_len]: random corpus windows, then (workload_prompts of them)
+    workload-like prompts; deterministic in the recipe's seed."""
+    gen = torch.Generator().manual_seed(r.seed + 4)
+    n_wl = round(r.distill_seqs * r.workload_prompts)
+    win = train.windows(train_ids, r.distill_seqs - n_wl, r.prompt_len, gen)
+    if n_wl:
+        wl = train.prompt_windows(fn_prompts, n_wl, r.prompt_len, gen)
+        win = torch.cat((win, wl))
+        if len(wl) < n_wl:  # too few prompts that long: top up with corpus windows
+            win = torch.cat((win, train.windows(train_ids, n_wl - len(wl), r.prompt_len, gen)))
+    return win
+
+
 def measure_tau(target: Model, drafter, prompts: list[list[int]], new: int, draft_len: int) -> float:
     steps = []
     for p in prompts:
@@ -162,6 +196,7 @@ def build(preset: str, out: Path, device: str = "cpu", log=print) -> dict:
     train_ids, held_ids = encode_docs(tok, corpus.train), encode_docs(tok, corpus.heldout)
     log(f"tokenizer: vocab {tok.get_vocab_size()}, {len(train_ids)} train / {len(held_ids)} held-out tokens")
     prompts = eval_prompts(r, tok)
+    fn_prompts = workload_like_prompts(tok, corpus.train) if r.workload_prompts else []
     sdt = getattr(torch, r.store_dtype)
     models = []
 
@@ -183,27 +218,34 @@ def build(preset: str, out: Path, device: str = "cpu", log=print) -> dict:
 
         # distillation data: the target's greedy continuations of corpus prompts
         t = time.perf_counter()
-        gen = torch.Generator().manual_seed(r.seed + 4)
-        seqs = train.greedy_continuations(target, train.windows(train_ids, r.distill_seqs, r.prompt_len, gen)
-                                          .to(device), r.gen_len)
+        seqs = train.greedy_continuations(target, distill_prompts(r, train_ids, fn_prompts).to(device), r.gen_len,
+                                          batch=r.gen_batch)
         layers = tuple(drafter_config(r, "block", cfg).target_layers)
         feats = train.target_features(target, seqs, layers)
         timings[f"{role}_distill_data_s"] = time.perf_counter() - t
 
+        log(f"  [{time.perf_counter() - t_all:.0f} s] {role} target {timings[f'{role}_target_s']:.1f} s, "
+            f"distillation data {timings[f'{role}_distill_data_s']:.1f} s")
+        t = time.perf_counter()
         taus = {"ngram": {k: measure_tau(target, NgramDrafter(), p, r.eval_new_tokens, r.block)
                           for k, p in prompts.items()}}
+        timings[f"{role}_ngram_tau_s"] = time.perf_counter() - t
         for kind in KINDS:
             t = time.perf_counter()
             batch = r.sequential_batch if kind == "sequential" else r.drafter_batch
             net = train.train_drafter(drafter_config(r, kind, cfg), target, seqs, feats, r.prompt_len,
                                       r.drafter_steps, batch, r.drafter_lr, r.seed + 5,
-                                      f"{role} {kind} drafter", log)
+                                      f"{role} {kind} drafter", log, anchors=r.anchors)
             timings[f"{role}_{kind}_s"] = time.perf_counter() - t
             name = f"{role}-{kind.replace('_', '-')}"
             save_drafter(net, out / name, dtype=sdt)
             net = as_stored(net, sdt)
+            t = time.perf_counter()
             taus[kind] = {k: measure_tau(target, FeatureDrafter(net, target), p, r.eval_new_tokens, r.block)
                           for k, p in prompts.items()}
+            timings[f"{role}_{kind}_tau_s"] = time.perf_counter() - t
+            log(f"  [{time.perf_counter() - t_all:.0f} s] {role} {kind}: train {timings[f'{role}_{kind}_s']:.1f} s, "
+                f"τ {timings[f'{role}_{kind}_tau_s']:.1f} s")
             models.append({"name": name, "path": name, "role": "drafter", "kind": kind, "target": role,
                            "params": params(net), "heldout_loss": None, "tau": taus[kind]})
 
@@ -219,8 +261,12 @@ def build(preset: str, out: Path, device: str = "cpu", log=print) -> dict:
         save_model(lm, out / name, dtype=sdt)
         tok_mod.save(tok, out / name)
         lm = as_stored(lm, sdt)
+        t = time.perf_counter()
         taus["draft_lm"] = {k: measure_tau(target, DraftLM(lm), p, r.eval_new_tokens, r.block)
                             for k, p in prompts.items()}
+        timings[f"{role}_draft_lm_tau_s"] = time.perf_counter() - t
+        log(f"  [{time.perf_counter() - t_all:.0f} s] {role} draft LM: train {timings[f'{role}_draft_lm_s']:.1f} s, "
+            f"τ {timings[f'{role}_draft_lm_tau_s']:.1f} s")
         models.append({"name": name, "path": name, "role": "drafter", "kind": "draft_lm", "target": role,
                        "params": params(lm), "heldout_loss": lm_loss, "tau": taus["draft_lm"]})
         entry["tau"] = {"ngram": taus["ngram"]}

@@ -70,6 +70,16 @@ def windows(stream: torch.Tensor, n: int, length: int, gen: torch.Generator) -> 
     return torch.stack([stream[s : s + length] for s in starts.tolist()])
 
 
+def prompt_windows(prompts: list[list[int]], n: int, length: int, gen: torch.Generator) -> torch.Tensor:
+    """[≤ n, length]: the last `length` tokens of up to n distinct prompts (of those at least that
+    long), drawn without replacement — e.g. workload-like signature + docstring prompts."""
+    fit = [p for p in prompts if len(p) >= length]
+    pick = torch.randperm(len(fit), generator=gen)[:n].tolist()
+    if not pick:
+        return torch.empty(0, length, dtype=torch.long)
+    return torch.tensor([fit[i][len(fit[i]) - length :] for i in pick], dtype=torch.long)
+
+
 # ---- targets --------------------------------------------------------------------------------
 def train_lm(model: Model, stream: torch.Tensor, steps: int, batch: int, seq: int, lr: float, seed: int,
              desc: str, log: Log | None, device="cpu") -> float:
@@ -203,7 +213,8 @@ def drafter_loss(net: FeatureDrafterNet, emb: torch.Tensor, head: torch.Tensor, 
 
 
 def train_drafter(cfg: DraftConfig, target: Model, seqs: torch.Tensor, feats: torch.Tensor, start: int,
-                  steps: int, batch: int, lr: float, seed: int, desc: str, log: Log | None) -> FeatureDrafterNet:
+                  steps: int, batch: int, lr: float, seed: int, desc: str, log: Log | None,
+                  anchors: int = 4) -> FeatureDrafterNet:
     dev = target.lm_head_weight.device
     net = randomize(FeatureDrafterNet(cfg), seed).to(dev)
     if hasattr(net, "mask_embedding"):
@@ -215,7 +226,7 @@ def train_drafter(cfg: DraftConfig, target: Model, seqs: torch.Tensor, feats: to
 
     def loss_fn(step):
         idx = torch.randint(0, len(seqs), (batch,), generator=gen)
-        return drafter_loss(net, emb, head, seqs[idx].to(dev), feats[idx].to(dev), start, gen)
+        return drafter_loss(net, emb, head, seqs[idx].to(dev), feats[idx].to(dev), start, gen, anchors=anchors)
 
     fit(net.parameters(), steps, lr, loss_fn, desc, log)
     return net.eval()

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -33,7 +34,10 @@ class Worker:
     def __init__(self, engine: dict, device: str, timeout: float):
         self.timeout, self.device = timeout, device
         self.log = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen([sys.executable, "-m", WORKER, json.dumps({"engine": engine, "device": device})],
+        engine = dict(engine)
+        root = engine.pop("root", None)  # a built worktree: the worker loads the engine's code from there
+        spec = {"engine": engine, "device": device, **({"root": str(root)} if root else {})}
+        self.proc = subprocess.Popen([sys.executable, "-m", WORKER, json.dumps(spec)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
         self._read("start")
 
@@ -84,18 +88,27 @@ def device_list(spec: str) -> list[str]:
 
 
 def run_pair(candidate: dict, incumbent: dict, requests: list[dict], devices: list[str], repeats: int,
-             timeout: float = 600.0, progress=None) -> dict:
-    """Time candidate against incumbent on the swapped schedule. Returns the samples and the
-    outputs of every timed run per system."""
+             timeout: float = 600.0, progress=None, warmup: int = 1) -> dict:
+    """Time candidate against incumbent on the swapped schedule after `warmup` untimed runs of the
+    requests per worker. Returns the samples and the outputs of every timed run per system."""
     runs = stats.schedule([("workload", 1)], len(devices), repeats)
     configs = {stats.CANDIDATE: candidate, stats.INCUMBENT: incumbent}
     workers = {}
     try:
-        for system, cfg in configs.items():
-            for d in {r.device for r in runs}:
-                workers[system, d] = Worker(cfg, devices[d], timeout)
-        for w in workers.values():
-            w.generate(requests)  # warm-up, untimed
+        keys = [(system, d) for system in configs for d in sorted({r.device for r in runs})]
+        with ThreadPoolExecutor(len(keys)) as pool:  # the processes load their systems side by side
+            futures = {k: pool.submit(Worker, configs[k[0]], devices[k[1]], timeout) for k in keys}
+        failed = None
+        for k, f in futures.items():
+            if f.exception() is None:
+                workers[k] = f.result()
+            else:
+                failed = failed or f.exception()
+        if failed:
+            raise failed
+        with ThreadPoolExecutor(len(workers)) as pool:  # warm-up, untimed (caches, allocators, lazy kernels)
+            for f in [pool.submit(w.generate, requests) for w in workers.values() for _ in range(warmup)]:
+                f.result()
         tps, outputs = [0.0] * len(runs), {s: [] for s in configs}
         for step in sorted({r.step for r in runs}):
             idx = [i for i, r in enumerate(runs) if r.step == step]
@@ -135,36 +148,56 @@ def code_hash() -> str:
     return h.hexdigest()
 
 
-def forcing(candidate_out, stock_out, prompt_ids, requests, stock: dict, timeout: float) -> dict:
-    """Token forcing of the candidate's timed outputs against stock's, scored by stock's target in
-    a worker of its own; δ from stock against AR (Phase 0)."""
-    def outs(tokens):
-        return [SystemOutput(r["id"], tuple(p), tuple(t)) for r, p, t in zip(requests, prompt_ids, tokens)]
-
+def baseline(stock: dict, requests: list[dict], devices: list[str], repeats: int, timeout: float = 600.0,
+             progress=None, warmup: int = 1) -> dict:
+    """What every verdict of a round compares against: stock against itself on the swapped schedule
+    (the noise), stock's outputs, and δ of token forcing from stock against AR (Phase 0), scored by
+    stock's target in a worker of its own. Plain data, so a round can store it and resume."""
+    aa = run_pair(stock, stock, requests, devices, repeats, timeout, progress, warmup)
+    stock_out = aa["outputs"][stats.INCUMBENT][0]
     dev = stock.get("device", "cpu")
     scorer, ar_worker = Worker(stock, dev, timeout), Worker({**stock, "mode": "ar"}, dev, timeout)
     try:
         ar, _ = ar_worker.generate(requests)
-        base = outs(stock_out)
+        base = _outputs(requests, aa["prompt_ids"], stock_out)
         delta = calibrate_delta({o.id: o.tokens for o in base}, {r["id"]: tuple(t) for r, t in zip(requests, ar)},
                                 {o.id: scorer.score(o.prompt_ids, o.tokens) for o in base})
-        return check_forcing(outs(candidate_out), base, scorer.score, delta)
     finally:
         scorer.close()
         ar_worker.close()
+    return {"samples": [dataclasses.asdict(x) for x in aa["samples"]], "stock_outputs": stock_out,
+            "prompt_ids": aa["prompt_ids"], "delta": delta}
+
+
+def _outputs(requests, prompt_ids, tokens) -> list[SystemOutput]:
+    return [SystemOutput(r["id"], tuple(p), tuple(t)) for r, p, t in zip(requests, prompt_ids, tokens)]
+
+
+def forcing(candidate_out, base: dict, requests, stock: dict, timeout: float) -> dict:
+    """Token forcing of the candidate's timed outputs against stock's, scored by stock's target."""
+    scorer = Worker(stock, stock.get("device", "cpu"), timeout)
+    try:
+        return check_forcing(_outputs(requests, base["prompt_ids"], candidate_out),
+                             _outputs(requests, base["prompt_ids"], base["stock_outputs"]), scorer.score,
+                             base["delta"])
+    finally:
+        scorer.close()
 
 
 def judge(candidate: dict, incumbent: dict, stock: dict, requests: list[dict], devices: list[str], repeats: int,
-          settings: stats.Settings = stats.Settings(), timeout: float = 600.0, progress=None) -> dict:
-    """Candidate vs incumbent and stock vs stock (the noise), both swapped; token forcing of the
-    candidate's timed outputs; the decision."""
-    main = run_pair(candidate, incumbent, requests, devices, repeats, timeout, progress)
-    aa = run_pair(stock, stock, requests, devices, repeats, timeout, progress)
+          settings: stats.Settings = stats.Settings(), timeout: float = 600.0, progress=None,
+          base: dict | None = None, warmup: int = 1) -> dict:
+    """Candidate vs incumbent, both swapped, against the stock baseline (`baseline`: stock vs stock
+    noise, stock's outputs and δ; measured here when not given); token forcing of the candidate's
+    timed outputs; the decision."""
+    base = base or baseline(stock, requests, devices, repeats, timeout, progress, warmup)
+    main = run_pair(candidate, incumbent, requests, devices, repeats, timeout, progress, warmup)
     cand_out, inc_out = main["outputs"][stats.CANDIDATE], main["outputs"][stats.INCUMBENT]
     deterministic = all(o == cand_out[0] for o in cand_out) and all(o == inc_out[0] for o in inc_out)
-    est, noise = stats.gain(main["samples"], settings.confidence), stats.gain(aa["samples"], settings.confidence)
+    noise_samples = [stats.PairedSample(**x) for x in base["samples"]]
+    est, noise = stats.gain(main["samples"], settings.confidence), stats.gain(noise_samples, settings.confidence)
     decision = stats.decide(est, noise, outputs_differ=cand_out[0] != inc_out[0], settings=settings)
-    forced = forcing(cand_out[0], aa["outputs"][stats.INCUMBENT][0], main["prompt_ids"], requests, stock, timeout)
+    forced = forcing(cand_out[0], base, requests, stock, timeout)
     reasons = list(decision.reasons) + [f"token forcing: {r}" for r in forced["reasons"]]
     accepted = decision.accepted and deterministic and forced["passed"]
     if not deterministic:
@@ -173,8 +206,8 @@ def judge(candidate: dict, incumbent: dict, stock: dict, requests: list[dict], d
         "candidate": candidate, "incumbent": incumbent, "stock": stock,
         "controller_code_sha256": code_hash(), "devices": devices, "repeats": repeats,
         "requests": requests, "settings": dataclasses.asdict(settings),
-        "samples": [dataclasses.asdict(s) for s in main["samples"]],
-        "stock_samples": [dataclasses.asdict(s) for s in aa["samples"]],
+        "samples": [dataclasses.asdict(x) for x in main["samples"]],
+        "stock_samples": base["samples"], "delta": base["delta"],
         "gain": est.gain, "lower_bound": est.lower, "stock_noise": decision.stock_noise,
         "threshold": decision.threshold, "outputs_differ": cand_out[0] != inc_out[0],
         "outputs_deterministic": deterministic, "forcing": forced, "accepted": accepted, "reasons": reasons,

@@ -1,14 +1,19 @@
 """A GPU worker in its own process, speaking JSON lines on stdin/stdout: the local stand-in for
 the gRPC server (DESIGN.md §2), used by the embedded mode and the controller's paired runs.
 
-  python -m specpilot.services.gpu_worker.local '{"engine": {...EngineConfig...}, "device": "cpu:0"}'
+  python -m specpilot.services.gpu_worker.local '{"engine": {...EngineConfig...}, "device": "cpu:0", "root": "/wt"}'
+
+"root" (optional) is a built worktree (build.py): the system's engine and kernels load from it,
+everything else (this worker, the zoo) from the installed package.
 
 It loads the system, prints {"ready": true}, then answers each line:
 - {"requests": [...]} (workload request objects) → {"outputs": [[token, ...], ...], "prompt_ids": [...]}
   once the device has finished — it never reports a time: the controller times the round trip;
 - {"score": [{"prompt_ids", "tokens"}, ...]} → {"scores": [{argmax_token_ids, token_logprob,
   argmax_logprob}, ...]}: teacher-forced scores by the system's target with a float32 LM head
-  (the scorer of token forcing, when the system is stock).
+  (the scorer of token forcing, when the system is stock);
+- {"profile": {"requests": [...], "new_tokens": N, "budgets": [policy, ...], "replay": [policy, ...]}}
+  → {"profile": {...}}: the cost model's measurements of this system (see `profiling.measure`).
 """
 
 from __future__ import annotations
@@ -24,6 +29,11 @@ def main(argv: list[str]) -> int:
     spec = json.loads(argv[0])
     device = spec.get("device", "cpu")
     engine_cfg = dict(spec["engine"])
+    root = engine_cfg.pop("root", None) or spec.get("root")  # never an EngineConfig field
+    if root:
+        from .build import use_root
+
+        use_root(root)  # before anything imports specpilot.engine
     if device.startswith("cpu:"):  # one core per system, as the paired design wants
         os.sched_setaffinity(0, {int(device.split(":")[1])})
         torch.set_num_threads(1)
@@ -33,6 +43,7 @@ def main(argv: list[str]) -> int:
     from specpilot.engine.engine import Engine, EngineConfig
     from specpilot.zoo.workloads import request_from_json
 
+    from .profiling import measure
     from .scoring import load_scorer, score
 
     engine = Engine(EngineConfig(**engine_cfg))
@@ -41,7 +52,12 @@ def main(argv: list[str]) -> int:
     for line in sys.stdin:
         try:
             msg = json.loads(line)
-            if "score" in msg:
+            if "profile" in msg:
+                p = msg["profile"]
+                prompts = [engine.encode(request_from_json(r)) for r in p["requests"]]
+                reply = {"profile": measure(engine, prompts, int(p["new_tokens"]), list(p.get("budgets", [])),
+                                            list(p.get("replay", [])))}
+            elif "score" in msg:
                 scorer = scorer or load_scorer(engine_cfg["target"], engine_cfg["device"])
                 reply = {"scores": [vars(score(scorer, s["prompt_ids"], s["tokens"])) for s in msg["score"]]}
             else:

@@ -3,7 +3,7 @@
 Every seed entry has an empty delta: each is a switch of a mechanism already in the stock engine
 code (stock = `EngineConfig` with every mechanism off), so stock + the entry reproduces stock's
 code exactly. Variants are named option sets of `EngineConfig` fields (`mode`, `tree`,
-`draft_len`); all mechanisms are greedy and lossless, so each contract is token forcing with
+`draft_len`, and `drafter` named by kind — `kind:block_markov` — never by path); all mechanisms are greedy and lossless, so each contract is token forcing with
 `output_may_differ = False`.
 
 Requirements. No seed entry requires another. The mechanisms are independent switches of the one
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from .entries import Contract, Entry
 
+MARKOV = "kind:block_markov"  # a drafter named by kind, resolved against the deployment's drafters
 LOSSLESS = Contract(rule="token_forcing", output_may_differ=False, options={})
 _BATCH = "measured only at batch 1: the engine decodes one request at a time"
 _DRAFTER = ("needs a drafter in the deployment (EngineConfig.drafter: a checkpoint folder or 'ngram'); "
@@ -54,14 +55,14 @@ def seed_entries() -> list[Entry]:
             version=1,
             title="Block drafter with a Markov head (built-in drafter kind block_markov) scoring child given parent",
             variants={
-                "chain-d8": {"mode": "chain", "draft_len": 8},
-                "best-first-n32": _tree("best-first:32"),
+                "chain-d8": {"drafter": MARKOV, "mode": "chain", "draft_len": 8},
+                "best-first-n32": {"drafter": MARKOV, **_tree("best-first:32")},
             },
             contract=LOSSLESS,
             unverified=(
-                "switches the drafter kind: EngineConfig.drafter must point at a checkpoint folder whose "
-                "config.json has drafter_kind = 'block_markov', trained for the deployment's target; the entry "
-                "carries no path, and a deployment without such a checkpoint cannot use it",
+                "switches the drafter: `drafter: kind:block_markov` names the deployment's checkpoint folder whose "
+                "config.json has drafter_kind = 'block_markov', trained for the deployment's target (a round maps "
+                "the kind through the deployment's `drafters`); a deployment without such a checkpoint cannot use it",
                 "the Markov transitions only change tree scores (best-first / topk); in chain mode only the "
                 "block drafter's top-1 is used",
                 _BATCH,

@@ -344,7 +344,7 @@ def render_table(c: Ceiling) -> str:
 
 def render_svg(c: Ceiling) -> str:
     """Two bar charts: the three factors, and per class time against its floor."""
-    width, left, bar_w, row_h = 640, 170, 400, 22
+    width, left, bar_w, row_h = 760, 170, 400, 22
     parts: list[str] = []
     y = 30
     parts.append(f'<text x="10" y="{y}" font-size="15" font-weight="bold">'
@@ -385,3 +385,36 @@ def render_svg(c: Ceiling) -> str:
         + "\n".join(parts)
         + "\n</svg>\n"
     )
+
+
+# --------------------------------------------------------------------------- one measured system
+
+
+def analyze(measurement: Mapping, device_: str | DeviceSpec) -> dict:
+    """The cost model of one system from the GPU worker's Profile measurement (plain data:
+    `t_ar_s`, `current` policy, `budgets` rows with τ, step wall time and kernel stats, `replay` τ
+    per policy incl. the oracle): c(N) and speedup per budget, the best budget, the ceiling over
+    the *current* system (its own profile and τ, the oracle's τ on its own recording), the
+    direction, and the table / SVG renderings."""
+    t_ar = float(measurement["t_ar_s"])
+    budgets = []
+    for b in measurement["budgets"]:
+        budgets.append({"policy": b["policy"], "rows": b["rows"], "tau": b["tau"], "t_step_s": b["t_step_s"],
+                        "c": step_cost(b["t_step_s"], t_ar), "speedup": speedup(b["tau"], b["t_step_s"], t_ar)})
+    best = max(budgets, key=lambda r: (r["speedup"], -budgets.index(r)))
+    cur = next(b for b in measurement["budgets"] if b["policy"] == measurement["current"])
+    measured = {k: v for k, v in cur["kernels"].items() if k != "other"}  # "other" is the off-profile remainder
+    replayed = dict(measurement.get("replay", {}))
+    tau_oracle = max(replayed.get("oracle", cur["tau"]), cur["tau"])
+    ceil = ceiling(Profile(t_step=cur["t_step_s"], kernels=measured), device_,
+                   cur["tau"], tau_oracle)
+    return {
+        "t_ar_s": t_ar, "budgets": budgets, "best": best["policy"], "current": cur["policy"],
+        "tau_current": cur["tau"], "tau_oracle": tau_oracle, "replay": replayed,
+        "speedup_current": speedup(cur["tau"], cur["t_step_s"], t_ar),
+        "ceiling": {"factors": dict(ceil.factors), "product": ceil.product, "largest": ceil.largest,
+                    "device": ceil.device,
+                    "per_class": [{"class": r.kernel_class, "seconds": r.seconds, "floor_s": r.floor, "ratio": r.ratio}
+                                  for r in ceil.per_class]},
+        "direction": direction(ceil), "table": render_table(ceil), "svg": render_svg(ceil),
+    }

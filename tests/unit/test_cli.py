@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -86,11 +87,13 @@ def test_console_script_runs(ckpt):
     assert len(json.loads(r.stdout)["outputs"]) == 3
 
 
-def test_demo_runs_the_shipped_micro_pair(capsys):
-    assert main(["demo", "--json"]) == 0
+def test_demo_quick_runs_a_round_and_prints_its_contract(capsys, tmp_path):
+    assert main(["demo", "--quick", "--rounds", "1", "--run-dir", str(tmp_path / "run"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["trained"] and out["lossless"]
-    assert out["tree_tau_mean"] >= out["tau_mean"] >= 1.0
+    (r,) = out["rounds"]
+    assert r["direction"] and r["candidates"]
+    assert all(set(a) == {"entry", "gain", "lower_bound"} for a in r["accepted"])
+    assert out["speedup_over_stock"] > 0 and Path(out["report"]).is_file()
 
 
 def test_tree_mode_record_and_replay(ckpt, tmp_path, capsys):

@@ -35,14 +35,25 @@ def test_feature_drafter_round_trip_and_lattice(kind, target, tmp_path):
     loaded = load_drafter(str(tmp_path / kind), target=target)
     for a, b in zip(net.state_dict().values(), loaded.net.state_dict().values()):
         assert torch.equal(a, b)
-    lat = primed(loaded, target, [5, 9, 2, 7, 1]).propose(8)
+    d = primed(loaded, target, [5, 9, 2, 7, 1])
+    base = [d.last_logits.clone()]  # position 1's logits; the mask rows' come from the net's pass
+    hook = loaded.net.register_forward_hook(lambda mod, args, out: base.append(out[1][0]))
+    lat = d.propose(8)
+    hook.remove()
     assert lat.tokens.shape == lat.logp.shape == (8, TOP_K)
     assert torch.all(lat.logp[:, :-1] >= lat.logp[:, 1:])  # sorted, best first
     assert torch.all(lat.logp.exp().sum(-1) <= 1 + 1e-9)  # log-probabilities of distinct tokens
     assert len(lat.chain()) == 8
     if kind == "block_markov":
         assert lat.trans.shape == (7, TOP_K, TOP_K)
-        assert torch.all(lat.trans.exp().sum(-1) <= 1 + 1e-9)
+        # = log p(child | parent) of the full conditional, up to a constant per parent (trees
+        # normalize over the candidates of a parent)
+        logits = torch.cat((base[0][None], base[1]))
+        full = torch.stack([torch.log_softmax(loaded.net.markov_logits(logits[i + 1], lat.tokens[i], loaded.emb)
+                                              .double(), -1).gather(1, lat.tokens[i + 1][None].expand(TOP_K, -1))
+                            for i in range(7)])
+        shift = lat.trans - full
+        assert torch.allclose(shift, shift[..., :1].expand_as(shift), atol=1e-4)
         # the score of a child depends on its parent: rows differ
         assert not torch.allclose(lat.trans[:, 0], lat.trans[:, 1])
     else:

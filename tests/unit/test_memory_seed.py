@@ -69,7 +69,9 @@ def test_variants_are_engine_config_options(entry: Entry):
             if pname != "sequoia":
                 make_policy(opts["tree"])  # within the engine's tree-size limit
         # the variant plus a deployment's target/drafter(/profile) is a valid EngineConfig
-        cfg = EngineConfig(target="t", drafter="ngram", profile="p.json", **opts)
+        if opts.get("drafter", "").startswith("kind:"):  # a drafter named by kind: the deployment maps it
+            assert opts["drafter"][len("kind:"):] in ("sequential", "block", "block_markov")
+        cfg = EngineConfig(**{"target": "t", "drafter": "ngram", "profile": "p.json", **opts})
         cfg.validate()
 
 
@@ -77,5 +79,6 @@ def test_sequoia_says_it_needs_a_profile_and_markov_says_it_needs_a_checkpoint()
     by_id = {e.id: e for e in SEED}
     assert any("profile" in u for u in by_id["tree-sequoia"].unverified)
     assert any("block_markov" in u and "checkpoint" in u for u in by_id["drafter-block-markov"].unverified)
+    assert all(v["drafter"] == "kind:block_markov" for v in by_id["drafter-block-markov"].variants.values())
     with pytest.raises(ValueError, match="profile"):
         EngineConfig(target="t", drafter="ngram", **by_id["tree-sequoia"].variants["n16"]).validate()

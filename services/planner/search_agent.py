@@ -1,0 +1,152 @@
+"""The built-in search agent (no LLM): candidates from the memory's variant registries.
+
+Every variant of every ported entry is a candidate system: the incumbent's configuration with the
+variant's options on top (a drafter named by kind, `kind:block_markov`, is mapped through the
+deployment's `drafters`). A variant attacks the factor its options act on — the engine's
+configuration options (mode, tree policy, draft length, drafter) all move τ, so they attack the
+tree factor; no configuration option of the engine attacks the kernels or the time off the
+profile (that takes code: the command agent). The agent takes the round's direction first; when
+no variant attacks it, the next-largest factor that has some.
+
+Pruning: where the variant keeps the incumbent's drafter and draft length, exact replay on the
+incumbent's recording gives the variant's τ without running it, and the cost model's measured
+step cost c(N) (interpolated in the rows verified) its speedup. A variant whose replayed τ is no
+higher than the incumbent's, or whose predicted speedup falls short of the incumbent's by more
+than `margin`, is pruned with the reason. The rest are ranked: predictions on a measured step cost
+(the policy is one of the cost model's budgets) first, then those on an interpolated one (a policy
+that builds its tree differently may cost more than its row count says), then variants with no
+prediction; each group by predicted speedup. The best `max_candidates` are proposed.
+"""
+
+from __future__ import annotations
+
+import json
+
+from .agents import Candidate, Context
+
+TREE_OPTIONS = frozenset({"mode", "tree", "draft_len", "drafter"})
+FACTOR_OF_DIRECTION = {"tree": "tree", "off-profile": "off_profile"}  # "kernel:<class>" -> "kernels"
+
+
+def direction_factor(direction: str) -> str:
+    return "kernels" if direction.startswith("kernel:") else FACTOR_OF_DIRECTION[direction]
+
+
+def rows_of(options: dict) -> int:
+    """Rows a system verifies per step: the root plus its drafted nodes."""
+    if options.get("mode") == "tree":
+        name, *args = options["tree"].split(":")
+        if name in ("best-first", "topk", "sequoia"):
+            return int(args[-1]) + 1
+    return int(options.get("draft_len", 8)) + 1
+
+
+def step_cost_at(rows: int, budgets: list[dict]) -> float:
+    """c at `rows`, linear in the rows between measured budgets (beyond them: the nearest two)."""
+    pts = sorted({b["rows"]: b["c"] for b in budgets if b["rows"] > 0}.items())
+    if not pts:
+        raise ValueError("the cost model has no budget with a known row count")
+    if len(pts) == 1:
+        return pts[0][1]
+    i = next((j for j in range(1, len(pts)) if rows <= pts[j][0]), len(pts) - 1)
+    (r0, c0), (r1, c1) = pts[i - 1], pts[i]
+    return max(c0 + (c1 - c0) * (rows - r0) / (r1 - r0), 1e-9)
+
+
+def policy_of(options: dict) -> str:
+    return options["tree"] if options.get("mode") == "tree" else "chain"
+
+
+class SearchAgent:
+    name = "search"
+
+    def __init__(self, max_candidates: int = 3, margin: float = 0.97):
+        self.max_candidates, self.margin = max_candidates, margin
+        self.last_log: dict = {}
+
+    def _instantiate(self, ctx: Context) -> tuple[list[tuple[str, Candidate]], list[dict]]:
+        """(factor, candidate) per usable variant; skipped variants with their reason."""
+        out, skipped = [], []
+        drafters = ctx.deployment.get("drafters", {})
+        for entry in sorted(ctx.memory, key=lambda e: e["id"]):
+            key = f"{entry['id']}@{entry['version']}"
+            for variant, opts in sorted(entry.get("variants", {}).items()):
+                name = f"{entry['id']}/{variant}"
+                opts = dict(opts)
+                if str(opts.get("drafter", "")).startswith("kind:"):
+                    kind = opts["drafter"][len("kind:"):]
+                    if kind not in drafters:
+                        skipped.append({"name": name, "reason": f"the deployment has no {kind} drafter "
+                                                                f"(deployment.drafters has {sorted(drafters)})"})
+                        continue
+                    opts["drafter"] = drafters[kind]
+                if opts.get("tree", "").startswith("sequoia") and opts.get("mode") == "tree" \
+                        and "profile" not in opts and not ctx.incumbent.get("profile"):
+                    skipped.append({"name": name, "reason": "sequoia needs an acceptance profile file"})
+                    continue
+                system = {**ctx.incumbent, **opts}
+                if system == ctx.incumbent:
+                    skipped.append({"name": name, "reason": "the incumbent already runs it"})
+                    continue
+                if name in ctx.tried:
+                    skipped.append({"name": name, "reason": "evaluated in an earlier round"})
+                    continue
+                factor = "tree" if set(opts) <= TREE_OPTIONS else "unknown"
+                out.append((factor, Candidate(name=name, agent=self.name, options=opts, entry=key, variant=variant,
+                                              rationale=entry.get("title", ""))))
+        return out, skipped
+
+    def _predict(self, cand: Candidate, ctx: Context) -> dict | None:
+        cm, inc = ctx.costmodel, ctx.incumbent
+        system = {**inc, **cand.options}
+        same_lattice = (system.get("drafter") == inc.get("drafter")
+                        and system.get("draft_len") == cm.get("draft_len", inc.get("draft_len")))
+        tau = cm.get("replay", {}).get(policy_of(system)) if same_lattice else None
+        if tau is None:
+            return None
+        measured = next((b["c"] for b in cm["budgets"] if b["policy"] == policy_of(system)), None)
+        c = measured if measured is not None else step_cost_at(rows_of(system), cm["budgets"])
+        return {"tau": tau, "speedup": tau / c, "cost": "measured" if measured is not None else "interpolated"}
+
+    def propose(self, ctx: Context) -> list[Candidate]:
+        cands, skipped = self._instantiate(ctx)
+        seen: dict[str, str] = {}  # one candidate per distinct system: the one with the fewest options
+        for factor, c in sorted(cands, key=lambda fc: (len(fc[1].options), fc[1].name)):
+            key = json.dumps({**ctx.incumbent, **c.options}, sort_keys=True)
+            if key in seen:
+                skipped.append({"name": c.name, "reason": f"the same system as {seen[key]}"})
+            else:
+                seen[key] = c.name
+        dup = {s["name"] for s in skipped}
+        cands = [(f, c) for f, c in cands if c.name not in dup]
+        factors = ctx.costmodel["ceiling"]["factors"]
+        first = direction_factor(ctx.direction)
+        order = [first] + sorted((f for f in factors if f != first), key=lambda f: -factors[f])
+        tau_now, speed_now = ctx.costmodel["tau_current"], ctx.costmodel["speedup_current"]
+        pruned, kept = [], []
+        for factor, c in cands:
+            pred = self._predict(c, ctx)
+            c = Candidate(**{**c.to_dict(), "predicted": pred})
+            if pred is not None and pred["tau"] <= tau_now + 1e-9:
+                pruned.append((factor, c, f"exact replay: τ {pred['tau']:.2f} is no higher than the incumbent's "
+                                          f"{tau_now:.2f}"))
+            elif pred is not None and pred["speedup"] < self.margin * speed_now:
+                pruned.append((factor, c, f"cost model: predicted ×{pred['speedup']:.2f} over AR against the "
+                                          f"incumbent's ×{speed_now:.2f}"))
+            else:
+                kept.append((factor, c))
+        chosen, notes = [], []
+        for factor in order:
+            mine = [c for f, c in kept if f == factor]
+            if not mine:
+                notes.append(f"no untried memory variant attacks the {factor} factor (×{factors[factor]:.2f})")
+                continue
+            mine.sort(key=lambda c: (c.predicted is None, (c.predicted or {}).get("cost") != "measured",
+                                     -(c.predicted or {}).get("speedup", 0.0), c.name))
+            chosen = mine[: self.max_candidates]
+            notes.append(f"attacking the {factor} factor (×{factors[factor]:.2f}) with {len(chosen)} of "
+                         f"{len(mine)} variants")
+            break
+        self.last_log = {"factor_order": order, "notes": notes, "skipped": skipped,
+                         "pruned": [{**c.to_dict(), "pruned": why} for _, c, why in pruned]}
+        return chosen

@@ -1,0 +1,106 @@
+"""`specpilot round`: rounds of profile → cost model → direction → agents → controller → memory.
+
+  specpilot round --deployment FILE [--rounds K] [--agent search|command:CMD ...] [--run-dir DIR]
+                  [--store URL] [--repo DIR] [--json]
+
+A deployment file is a JSON object: "name", "target", "drafter" (checkpoint folders, relative to
+the file), optional "drafters" ({kind: folder}, e.g. a block_markov drafter the memory may switch
+to), "devices" ("cpu,cpu" | "cuda:0,cuda:1" | one device), "gpu" (the device table's kind: cpu,
+h100-sxm, h200, rtx-pro-6000), "workload" (humaneval | stdlib | FILE.jsonl), "prompts",
+"max_new_tokens", "draft_len", "repeats" (swapped pairs per comparison), "warmup" (untimed runs per
+worker first; GPUs want several), "budgets", "max_candidates", "timeout".
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("round", help="run rounds for a deployment: profile, cost model, agents, verdicts, memory")
+    p.add_argument("--deployment", required=True, metavar="FILE", help="deployment JSON (see `specpilot round -h`)")
+    p.add_argument("--rounds", type=int, default=1, metavar="K", help="rounds in a row (default 1)")
+    p.add_argument("--agent", action="append", metavar="AGENT",
+                   help="search (built in; default) | command:CMD (an external program in a scratch worktree); "
+                        "repeatable")
+    p.add_argument("--run-dir", metavar="DIR", help="state, verdicts, memory and report (default: runs/<name>); "
+                   "an existing one is resumed")
+    p.add_argument("--store", metavar="URL", help="memory database (default: SQLite in the run folder)")
+    p.add_argument("--repo", metavar="DIR", help="the engine's git repository (default: this checkout, if any)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def demo_json(summary: dict) -> dict:
+    final = summary.get("final") or {}
+    return {
+        "rounds": [{"direction": r["direction"],
+                    "candidates": [{"name": c["name"], "pruned": c["pruned"], "error": c["error"],
+                                    "accepted": bool(c["verdict"] and c["verdict"]["accepted"]),
+                                    "gain": c["verdict"]["gain"] if c["verdict"] else None,
+                                    "lower_bound": c["verdict"]["lower_bound"] if c["verdict"] else None}
+                                   for c in r["candidates"]],
+                    "accepted": [{"entry": a["entry"], "gain": a["gain"], "lower_bound": a["lower_bound"]}
+                                 for a in r["accepted"]]}
+                   for r in summary["rounds"]],
+        "speedup_over_stock": (final.get("speedup_over_stock") or {}).get("gain"),
+        "speedup_over_ar": (final.get("speedup_over_ar") or {}).get("gain"),
+        "final": final,
+        "report": summary.get("report"),
+    }
+
+
+def run_rounds(dep_source, rounds: int, agents=None, run_dir=None, store=None, repo=None, json_out=False,
+               log=print) -> dict:
+    from specpilot.round import Round, find_repo, load_deployment, make_agents
+
+    dep = load_deployment(dep_source)
+    if rounds < 1:
+        raise ValueError("--rounds must be at least 1")
+    repo = Path(repo) if repo else find_repo()
+    run_dir = Path(run_dir) if run_dir else Path("runs") / dep["name"]
+    r = Round(dep, run_dir, make_agents(agents, dep, repo, dep["timeout"]), store, repo,
+              log=None if json_out else log, progress=not json_out)
+    return r.run(rounds)
+
+
+def run(args) -> int:
+    from specpilot.services.planner.report import render_terminal
+
+    summary = run_rounds(args.deployment, args.rounds, args.agent, args.run_dir, args.store, args.repo, args.json)
+    if args.json:
+        print(json.dumps(demo_json(summary)))
+        return 0
+    print(render_terminal(summary))
+    print(f"report: {summary['report']}")
+    return 0
+
+
+def demo_deployment(run_dir: Path) -> Path:
+    """The embedded default: the shipped micro dense target with its block+Markov drafter (stock:
+    chain speculation, the drafter's top-1 per position), two CPU cores standing for two GPUs."""
+    from specpilot.demo import SHIPPED
+
+    dep = {"name": "micro-dense-cpu", "target": str(SHIPPED / "dense"),
+           "drafter": str(SHIPPED / "dense-block-markov"), "drafters": {"block_markov": str(SHIPPED / "dense-block-markov")},
+           "gpu": "cpu", "devices": "cpu,cpu", "workload": "humaneval", "prompts": 3, "max_new_tokens": 48,
+           "repeats": 6, "max_candidates": 2}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "deployment.json"
+    path.write_text(json.dumps(dep, indent=1))
+    return path
+
+
+def run_demo(rounds: int = 2, run_dir: Path | None = None, json_out: bool = False, overrides: dict | None = None,
+             log=print) -> dict:
+    run_dir = run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
+    path = demo_deployment(run_dir)
+    if overrides:
+        path.write_text(json.dumps({**json.loads(path.read_text()), **overrides}, indent=1))
+    t0 = time.time()
+    summary = run_rounds(path, rounds, ["search"], run_dir, json_out=json_out, log=log)
+    out = demo_json(summary)
+    out["seconds"] = time.time() - t0
+    return out

@@ -1,0 +1,102 @@
+"""The built-in search agent: variants from the memory, pruned by exact replay and the cost model."""
+
+import math
+
+import pytest
+
+from specpilot.services.memory_api.seed import seed_entries
+from specpilot.services.planner.agents import Context
+from specpilot.services.planner.search_agent import SearchAgent, rows_of, step_cost_at
+
+INCUMBENT = {"target": "T", "drafter": "D", "mode": "chain", "draft_len": 16, "max_new_tokens": 48, "device": "cpu"}
+BUDGETS = [  # measured: c(N) grows with the rows verified
+    {"policy": "chain", "rows": 17.0, "tau": 1.7, "c": 1.5},
+    {"policy": "best-first:16", "rows": 17.0, "tau": 2.2, "c": 1.6},
+    {"policy": "best-first:32", "rows": 33.0, "tau": 2.9, "c": 1.7},
+    {"policy": "best-first:63", "rows": 64.0, "tau": 2.95, "c": 2.6},
+]
+
+
+def costmodel(replay, factors=None):
+    return {"budgets": BUDGETS, "draft_len": 16, "tau_current": 1.7, "speedup_current": 1.7 / 1.5,
+            "replay": replay, "ceiling": {"factors": factors or {"tree": 2.0, "kernels": 1.5, "off_profile": 1.1}}}
+
+
+def ctx(replay, direction="tree", factors=None, deployment=None, incumbent=INCUMBENT, tried=()):
+    return Context(round=1, deployment=deployment or {"drafters": {}}, incumbent=incumbent, incumbent_patch="",
+                   costmodel=costmodel(replay, factors), direction=direction,
+                   memory=[e.to_dict() for e in seed_entries()], tried=tried)
+
+
+REPLAY = {"best-first:16": 2.2, "best-first:32": 2.9, "best-first:63": 2.95, "topk:4:16": 1.6, "topk:8:32": 2.5,
+          "chain": 1.7, "oracle": 3.6}
+
+
+def test_the_planted_best_variant_comes_first_and_replay_prunes_what_cannot_gain():
+    agent = SearchAgent(max_candidates=2)
+    got = agent.propose(ctx(REPLAY))
+    assert [c.name for c in got] == ["tree-best-first/n32", "tree-best-first/n16"]
+    assert got[0].options == {"mode": "tree", "tree": "best-first:32", "draft_len": 16}
+    assert got[0].entry == "tree-best-first@1" and got[0].variant == "n32"
+    assert math.isclose(got[0].predicted["speedup"], 2.9 / 1.7)
+    pruned = {p["name"]: p["pruned"] for p in agent.last_log["pruned"]}
+    assert "exact replay" in pruned["tree-topk/k4n16"]  # τ 1.6 ≤ the incumbent's 1.7
+    # best-first:63: τ 2.95 at c 2.6 → ×1.13, not below 0.97 × ×1.13: kept, ranked below n16 (×1.375)
+    assert "tree-best-first/n63" not in pruned
+
+
+def test_the_cost_model_prunes_a_variant_whose_rows_cost_more_than_its_tau_gains():
+    replay = {**REPLAY, "best-first:63": 2.0}  # ×0.77 predicted against ×1.13 now
+    agent = SearchAgent(max_candidates=5)
+    names = [c.name for c in agent.propose(ctx(replay))]
+    pruned = {p["name"]: p["pruned"] for p in agent.last_log["pruned"]}
+    assert "tree-best-first/n63" not in names and "cost model" in pruned["tree-best-first/n63"]
+
+
+def test_a_direction_no_variant_attacks_falls_to_the_next_factor_and_says_so():
+    agent = SearchAgent()
+    got = agent.propose(ctx(REPLAY, direction="kernel:target_linear",
+                            factors={"tree": 2.0, "kernels": 9.0, "off_profile": 1.2}))
+    assert got and all(c.options.get("mode") in ("tree", "chain") for c in got)
+    assert agent.last_log["factor_order"] == ["kernels", "tree", "off_profile"]
+    assert "kernels" in agent.last_log["notes"][0] and "tree" in agent.last_log["notes"][1]
+
+
+def test_a_drafter_named_by_kind_needs_the_deployment_to_have_it():
+    agent = SearchAgent(max_candidates=20)
+    names = [c.name for c in agent.propose(ctx(REPLAY))]
+    assert not any(n.startswith("drafter-block-markov") for n in names)
+    assert any("block_markov" in s["reason"] for s in agent.last_log["skipped"])
+    got = agent.propose(ctx(REPLAY, deployment={"drafters": {"block_markov": "/m"}}))
+    markov = [c for c in got if c.name.startswith("drafter-block-markov")]
+    assert markov and all(c.options["drafter"] == "/m" and c.predicted is None for c in markov)
+    assert [c.predicted is None for c in got] == sorted(c.predicted is None for c in got)  # predicted first
+
+
+def test_what_the_incumbent_runs_or_an_earlier_round_tried_is_not_proposed_again():
+    inc = {**INCUMBENT, "mode": "tree", "tree": "best-first:32"}
+    agent = SearchAgent(max_candidates=20)
+    names = [c.name for c in agent.propose(ctx(REPLAY, incumbent=inc, tried=("tree-best-first/n16",)))]
+    assert "tree-best-first/n32" not in names and "tree-best-first/n16" not in names
+    reasons = {s["name"]: s["reason"] for s in agent.last_log["skipped"]}
+    assert "already runs" in reasons["tree-best-first/n32"] and "earlier round" in reasons["tree-best-first/n16"]
+
+
+def test_step_cost_interpolates_in_the_rows_and_rows_follow_the_policy():
+    assert rows_of({"mode": "tree", "tree": "topk:8:32"}) == 33
+    assert rows_of({"mode": "chain", "draft_len": 8}) == 9
+    pts = [{"rows": 10.0, "c": 1.0}, {"rows": 20.0, "c": 2.0}, {"rows": 40.0, "c": 3.0}]
+    assert step_cost_at(15, pts) == pytest.approx(1.5)
+    assert step_cost_at(30, pts) == pytest.approx(2.5)
+    assert step_cost_at(50, pts) == pytest.approx(3.5)  # beyond: the last two points' line
+    with pytest.raises(ValueError, match="row count"):
+        step_cost_at(5, [])
+
+
+def test_two_variants_that_make_the_same_system_are_one_candidate():
+    dep = {"drafters": {"block_markov": "D"}}  # the incumbent already runs the block_markov drafter
+    agent = SearchAgent(max_candidates=20)
+    names = [c.name for c in agent.propose(ctx(REPLAY, deployment=dep))]
+    assert "tree-best-first/n32" in names and "drafter-block-markov/best-first-n32" not in names
+    reasons = {s["name"]: s["reason"] for s in agent.last_log["skipped"]}
+    assert reasons["drafter-block-markov/best-first-n32"] == "the same system as tree-best-first/n32"
