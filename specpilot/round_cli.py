@@ -13,14 +13,16 @@ worker first; GPUs want several), "budgets", "max_candidates", "timeout".
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from pathlib import Path
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("round", help="run rounds for a deployment: profile, cost model, agents, verdicts, memory")
-    p.add_argument("--deployment", required=True, metavar="FILE", help="deployment JSON (see `specpilot round -h`)")
+    p = subparsers.add_parser("round", help="run rounds for a deployment: profile, cost model, agents, verdicts, memory",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--deployment", required=True, metavar="FILE", help="deployment JSON (fields above)")
     p.add_argument("--rounds", type=int, default=1, metavar="K", help="rounds in a row (default 1)")
     p.add_argument("--agent", action="append", metavar="AGENT",
                    help="search (built in; default) | command:CMD (an external program in a scratch worktree); "
