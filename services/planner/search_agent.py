@@ -88,9 +88,6 @@ class SearchAgent:
                 if system == ctx.incumbent:
                     skipped.append({"name": name, "reason": "the incumbent already runs it"})
                     continue
-                if name in ctx.tried:
-                    skipped.append({"name": name, "reason": "evaluated in an earlier round"})
-                    continue
                 factor = "tree" if set(opts) <= TREE_OPTIONS else "unknown"
                 out.append((factor, Candidate(name=name, agent=self.name, options=opts, entry=key, variant=variant,
                                               rationale=entry.get("title", ""))))
@@ -118,7 +115,10 @@ class SearchAgent:
             else:
                 seen[key] = c.name
         dup = {s["name"] for s in skipped}
-        cands = [(f, c) for f, c in cands if c.name not in dup]
+        for _, c in cands:  # after the duplicates: a variant equal to a tried one is skipped as its duplicate
+            if c.name in ctx.tried and c.name not in dup:
+                skipped.append({"name": c.name, "reason": "evaluated in an earlier round"})
+        cands = [(f, c) for f, c in cands if c.name not in dup and c.name not in ctx.tried]
         factors = ctx.costmodel["ceiling"]["factors"]
         first = direction_factor(ctx.direction)
         order = [first] + sorted((f for f in factors if f != first), key=lambda f: -factors[f])

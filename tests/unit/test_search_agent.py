@@ -100,3 +100,13 @@ def test_two_variants_that_make_the_same_system_are_one_candidate():
     assert "tree-best-first/n32" in names and "drafter-block-markov/best-first-n32" not in names
     reasons = {s["name"]: s["reason"] for s in agent.last_log["skipped"]}
     assert reasons["drafter-block-markov/best-first-n32"] == "the same system as tree-best-first/n32"
+
+
+def test_a_variant_equal_to_one_tried_before_is_not_proposed_again_under_another_name():
+    dep = {"drafters": {"block_markov": "D"}}
+    agent = SearchAgent(max_candidates=20)
+    names = [c.name for c in agent.propose(ctx(REPLAY, deployment=dep, tried=("tree-best-first/n32",)))]
+    assert "tree-best-first/n32" not in names and "drafter-block-markov/best-first-n32" not in names
+    reasons = {s["name"]: s["reason"] for s in agent.last_log["skipped"]}
+    assert reasons["tree-best-first/n32"] == "evaluated in an earlier round"
+    assert reasons["drafter-block-markov/best-first-n32"] == "the same system as tree-best-first/n32"
