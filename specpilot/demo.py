@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import torch
 
 from specpilot.engine.checkpoint import save_model
 from specpilot.engine.drafters import save_drafter

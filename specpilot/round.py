@@ -38,7 +38,7 @@ from specpilot.services.memory_api.reproduce import ReproduceError, reproduce, t
 from specpilot.services.memory_api.seed import seed_entries
 from specpilot.services.memory_api.store import EntryExists, Store
 from specpilot.services.planner import costmodel, report
-from specpilot.services.planner.agents import Candidate, Context
+from specpilot.services.planner.agents import Context
 from specpilot.services.planner.command_agent import CommandAgent
 from specpilot.services.planner.search_agent import SearchAgent
 

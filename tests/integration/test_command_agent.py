@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gitrepo import git, make_repo, worktrees
+from gitrepo import make_repo, worktrees
 
 from specpilot.demo import micro_pair
 from specpilot.services.controller import pairing
