@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from specpilot import patches
+from specpilot import gitrun, patches
 from specpilot.services.controller import stats
 from specpilot.services.controller.pairing import Worker, baseline, device_list, judge, run_pair, write_verdict
 from specpilot.services.gpu_worker.build import BuildError, build_worktree, remove_worktree
@@ -122,7 +121,7 @@ def port_deployment(dep: dict) -> dict:
 
 
 def _git(repo, *args) -> str:
-    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+    return gitrun.run(repo, *args, check=True).stdout.strip()
 
 
 class Round:
@@ -443,5 +442,5 @@ def find_repo() -> Path | None:
     here = Path(__file__).resolve().parent.parent
     try:
         return Path(_git(here, "rev-parse", "--show-toplevel"))
-    except (subprocess.CalledProcessError, FileNotFoundError):
+    except (gitrun.GitFailed, FileNotFoundError):
         return None

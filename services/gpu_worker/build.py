@@ -14,14 +14,12 @@ at a pinned revision with the candidate's patch applied, and loading the engine 
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from specpilot import patches
+from specpilot import gitrun, patches
 
 ALLOWED = patches.ALLOWED
 SWITCHED = ("kernels", "engine")  # kernels first: the engine imports them
@@ -31,23 +29,12 @@ class BuildError(ValueError):
     """A candidate's code cannot be built: a refused or non-applying patch, or a bad revision."""
 
 
-def _git(cwd: Path | str, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    env.update({"LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0"})
-    return subprocess.run(["git", *args], cwd=str(cwd), env=env, capture_output=True, text=True)
-
-
-def _msg(proc: subprocess.CompletedProcess) -> str:
-    lines = [ln for ln in ((proc.stderr or "") + (proc.stdout or "")).splitlines() if ln.strip()]
-    return "; ".join(lines[:6]) + (" ..." if len(lines) > 6 else "") if lines else f"exit status {proc.returncode}"
-
-
 def _changed_paths(worktree: Path) -> list[str]:
     """Every path that differs from HEAD in the worktree: modified, deleted, new (ignored included)."""
-    proc = _git(worktree, "-c", "core.quotePath=true", "status", "--porcelain", "-z",
+    proc = gitrun.run(worktree, "-c", "core.quotePath=true", "status", "--porcelain", "-z",
                 "--untracked-files=all", "--ignored", "--no-renames")
     if proc.returncode != 0:
-        raise BuildError(f"git status in {worktree} failed: {_msg(proc)}")
+        raise BuildError(f"git status in {worktree} failed: {gitrun.message(proc)}")
     return [entry[3:] for entry in proc.stdout.split("\0") if entry]
 
 
@@ -58,18 +45,18 @@ def build_worktree(repo: Path | str, base_rev: str, patch: str, dest: Path | str
     except patches.PatchRefused as e:
         raise BuildError(str(e)) from None
     repo, dest = Path(repo), Path(dest)
-    proc = _git(repo, "worktree", "add", "--detach", "--quiet", str(dest), f"{base_rev}^{{commit}}")
+    proc = gitrun.run(repo, "worktree", "add", "--detach", "--quiet", str(dest), f"{base_rev}^{{commit}}")
     if proc.returncode != 0:
-        raise BuildError(f"cannot check out {base_rev!r} of {repo} in {dest}: {_msg(proc)}")
+        raise BuildError(f"cannot check out {base_rev!r} of {repo} in {dest}: {gitrun.message(proc)}")
     try:
         if patch.strip():
             with tempfile.NamedTemporaryFile("w", suffix=".patch", encoding="utf-8", newline="") as f:
                 f.write(patch if patch.endswith("\n") else patch + "\n")
                 f.flush()
-                proc = _git(dest, "apply", "--whitespace=nowarn", f.name)
+                proc = gitrun.run(dest, "apply", "--whitespace=nowarn", f.name)
             if proc.returncode != 0:
                 files = ", ".join(touched) or "(no file named)"
-                raise BuildError(f"patch does not apply on {base_rev} (files: {files}): {_msg(proc)}")
+                raise BuildError(f"patch does not apply on {base_rev} (files: {files}): {gitrun.message(proc)}")
         for path in _changed_paths(dest):
             why = patches.path_problem(path)
             if why:
@@ -82,9 +69,9 @@ def build_worktree(repo: Path | str, base_rev: str, patch: str, dest: Path | str
 
 def remove_worktree(repo: Path | str, path: Path | str) -> None:
     """Remove a worktree made by `build_worktree`, whatever state it is in."""
-    _git(repo, "worktree", "remove", "--force", "--force", str(path))
+    gitrun.run(repo, "worktree", "remove", "--force", "--force", str(path))
     shutil.rmtree(path, ignore_errors=True)
-    _git(repo, "worktree", "prune")
+    gitrun.run(repo, "worktree", "prune")
 
 
 def use_root(root: Path | str) -> None:

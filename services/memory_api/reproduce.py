@@ -12,23 +12,22 @@ applies each entry's `delta` (a unified diff) in order with `git apply --index`,
 The worktree is always removed. Helpers compute tree ids (`tree_of`, `tree_of_worktree`) and the
 delta a candidate's worktree is against a base revision (`diff_between`).
 
-Only `git` (a subprocess) and the memory's own entries are used here.
+Only `git` (through `specpilot.gitrun`) and the memory's own entries are used here.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from specpilot import gitrun
+
 from .entries import Entry
 
 MAX_PATHS = 10
-# git options that keep diffs in the form `git apply` reads, whatever the user's config says
-_DIFF_OPTS = ("-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false", "-c", "core.quotePath=true")
 _MALFORMED = ("corrupt patch", "no valid patches", "unrecognized input", "patch fragment without header",
               "patch with only garbage", "git diff header lacks filename", "bad git-diff", "unexpected end")
 
@@ -43,25 +42,11 @@ class ReproduceError(ValueError):
         self.paths = tuple(paths)
 
 
-def _env(extra: dict | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("GIT_DIR", "GIT_INDEX_FILE", "GIT_WORK_TREE", "GIT_OBJECT_DIRECTORY", "GIT_PREFIX")}
-    env.update({"LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0"})
-    env.update(extra or {})
-    return env
-
-
-def _git(cwd: Path | str, *args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(["git", *args], cwd=str(cwd), env=_env(env), capture_output=True, text=True)
-    if check and proc.returncode != 0:
-        raise ReproduceError(f"git {' '.join(args)} (in {cwd}) failed: {_msg(proc)}", kind="git")
-    return proc
-
-
-def _msg(proc: subprocess.CompletedProcess) -> str:
-    text = (proc.stderr or "").strip() or (proc.stdout or "").strip()
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    return "; ".join(lines[:6]) + (" ..." if len(lines) > 6 else "") if lines else f"exit status {proc.returncode}"
+def _git(cwd: Path | str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    try:
+        return gitrun.run(cwd, *args, check=check)
+    except gitrun.GitFailed as e:
+        raise ReproduceError(str(e), kind="git") from None
 
 
 def _resolve_tree(repo: Path | str, rev: str, what: str) -> str:
@@ -82,12 +67,10 @@ def tree_of_worktree(path: Path | str) -> str:
     """The tree id of the current files of the git worktree containing `path` (tracked or not,
     .gitignore respected), computed in a temporary index: the worktree's own index and HEAD are
     left as they are. The tree's objects are written to the repository's object store."""
-    path = Path(path)
-    top = _git(path, "rev-parse", "--show-toplevel").stdout.strip()
-    with tempfile.TemporaryDirectory(prefix="specpilot-index-") as tmp:
-        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
-        _git(top, "add", "-A", "--", ".", env=env)
-        return _git(top, "write-tree", env=env).stdout.strip()
+    try:
+        return gitrun.tree_of_files(path)
+    except gitrun.GitFailed as e:
+        raise ReproduceError(str(e), kind="git") from None
 
 
 def diff_between(repo: Path | str, base_rev: str, worktree_path: Path | str) -> str:
@@ -99,9 +82,7 @@ def diff_between(repo: Path | str, base_rev: str, worktree_path: Path | str) -> 
     if _git(worktree_path, "cat-file", "-e", base, check=False).returncode != 0:
         raise ReproduceError(f"{worktree_path} does not share the object store of {repo} "
                              f"(base tree {base} unknown there); use a `git worktree` of it", kind="git")
-    proc = _git(worktree_path, *_DIFF_OPTS, "diff", "--no-color", "--no-ext-diff", "--no-textconv",
-                "--no-renames", "--binary", "--src-prefix=a/", "--dst-prefix=b/", base, result)
-    return proc.stdout
+    return _git(worktree_path, *gitrun.DIFF_OPTS, *gitrun.DIFF_ARGS, base, result).stdout
 
 
 def _apply(wt: Path, entry: Entry, patch_dir: Path, stock_rev: str) -> None:
@@ -111,7 +92,7 @@ def _apply(wt: Path, entry: Entry, patch_dir: Path, stock_rev: str) -> None:
     proc = _git(wt, "apply", "--index", "--whitespace=nowarn", str(patch), check=False)
     if proc.returncode == 0:
         return
-    why = _msg(proc)
+    why = gitrun.message(proc)
     if any(m in why.lower() for m in _MALFORMED):
         raise ReproduceError(f"entry {entry.key}: malformed delta, git cannot read it as a patch: {why}",
                              kind="malformed", key=entry.key)
@@ -134,7 +115,7 @@ def reproduce(repo: Path, stock_rev: str, order: list[Entry], expected_tree: str
     try:
         proc = _git(repo, "worktree", "add", "--detach", "--quiet", str(wt), stock_rev, check=False)
         if proc.returncode != 0:
-            raise ReproduceError(f"entry {last}: cannot check out stock {stock_rev!r}: {_msg(proc)}",
+            raise ReproduceError(f"entry {last}: cannot check out stock {stock_rev!r}: {gitrun.message(proc)}",
                                  kind="git", key=order[-1].key if order else None)
         added = True
         for entry in order:

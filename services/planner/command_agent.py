@@ -28,40 +28,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from specpilot import patches
+from specpilot import gitrun, patches
 
 from .agents import Candidate, Context
 
 RATIONALE_CHARS = 2000
-# git options that keep diffs in the form `git apply` reads, whatever the user's config says
-_DIFF = ("-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false", "-c", "core.quotePath=true")
 
 
-class GitError(ValueError):
-    pass
-
-
-def _git(cwd: Path | str, *args: str, index: Path | None = None) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    env.update({"LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0"})
-    if index is not None:
-        env["GIT_INDEX_FILE"] = str(index)
-    proc = subprocess.run(["git", *args], cwd=str(cwd), env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        why = "; ".join((proc.stderr or proc.stdout).strip().splitlines()[:6]) or f"exit status {proc.returncode}"
-        raise GitError(f"git {' '.join(args)} (in {cwd}) failed: {why}")
-    return proc.stdout
-
-
-def snapshot(worktree: Path, scratch: Path) -> str:
-    """The tree id of the worktree's current files (.gitignore respected), through a throwaway
-    index in `scratch`: the worktree's own index and HEAD are not used."""
-    index = scratch / f"index-{time.monotonic_ns()}"
-    try:
-        _git(worktree, "add", "-A", "--", ".", index=index)
-        return _git(worktree, "write-tree", index=index).strip()
-    finally:
-        index.unlink(missing_ok=True)
+def _git(cwd: Path | str, *args: str) -> str:
+    return gitrun.run(cwd, *args, check=True).stdout
 
 
 def _tail(path: Path, n: int) -> str:
@@ -113,7 +88,7 @@ class CommandAgent:
         self.last_log: dict = {}
         try:
             _git(self.repo, "rev-parse", "--verify", "--quiet", f"{base_rev}^{{commit}}")
-        except GitError as e:
+        except gitrun.GitFailed as e:
             raise ValueError(f"{base_rev!r} is not a commit of a git repository at {self.repo}: {e}") from None
 
     def propose(self, context: Context) -> list[Candidate]:
@@ -128,8 +103,8 @@ class CommandAgent:
                 if context.incumbent_patch.strip():
                     (tmp / "incumbent.patch").write_text(context.incumbent_patch.rstrip("\n") + "\n")
                     _git(wt, "apply", "--whitespace=nowarn", str(tmp / "incumbent.patch"))
-                start = snapshot(wt, tmp)
-            except GitError as e:
+                start = gitrun.tree_of_files(wt)
+            except gitrun.GitFailed as e:
                 raise ValueError(f"cannot prepare the worktree (base {self.base_rev}): {e}") from None
             prompt_path.write_text(prompt(context, wt), encoding="utf-8")
             self._run(wt, home, prompt_path, tmp, log)
@@ -141,11 +116,9 @@ class CommandAgent:
                 log["refused"] = f"the command exited with status {log['returncode']}"
                 return []
             try:
-                end = snapshot(wt, tmp)
-                diff = _git(wt, *_DIFF, "diff", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames",
-                            "--binary", "--src-prefix=a/", "--dst-prefix=b/", start, end)
+                diff = gitrun.diff(wt, start, gitrun.tree_of_files(wt))
                 log["paths"] = patches.check(diff)
-            except (GitError, patches.PatchRefused) as e:
+            except (gitrun.GitFailed, patches.PatchRefused) as e:
                 log["refused"] = str(e)
                 return []
             if not diff.strip():
@@ -155,12 +128,12 @@ class CommandAgent:
         finally:
             try:
                 _git(self.repo, "worktree", "remove", "--force", "--force", str(wt))
-            except GitError:
+            except gitrun.GitFailed:
                 pass
             shutil.rmtree(tmp, ignore_errors=True)
             try:
                 _git(self.repo, "worktree", "prune")
-            except GitError:
+            except gitrun.GitFailed:
                 pass
 
     def _run(self, wt: Path, home: Path, prompt_path: Path, tmp: Path, log: dict) -> None:

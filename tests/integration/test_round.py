@@ -44,7 +44,7 @@ def test_a_round_measures_proposes_judges_stores_and_reports(tmp_path):
         v = json.loads(Path(c["verdict"]["path"]).read_text())
         assert (v["gain"], v["accepted"]) == (c["verdict"]["gain"], c["verdict"]["accepted"])
         assert v["forcing"]["passed"]  # every built-in mechanism is lossless
-        assert v["candidate"] == {**dep_config(rec), **c["options"]}
+        assert v["candidate"] == {**rec["incumbent"]["config"], **c["options"]}
     with Store(f"sqlite:///{tmp_path / 'memory.db'}") as store:
         for a in rec["accepted"]:
             entry = store.get(*a["entry"].split("@")[:1])
@@ -55,10 +55,6 @@ def test_a_round_measures_proposes_judges_stores_and_reports(tmp_path):
     assert set(out) >= {"rounds", "speedup_over_stock", "report"}
     assert out["rounds"][0]["direction"] == rec["direction"]
     assert out["speedup_over_stock"] > 0 and out["speedup_over_ar"] > 0
-
-
-def dep_config(rec):
-    return rec["incumbent"]["config"]
 
 
 def test_a_killed_run_resumes_without_measuring_again(tmp_path):
