@@ -134,7 +134,7 @@ class FeatureDrafterNet(nn.Module):
         self.layers = nn.ModuleList(Block(body, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         if cfg.kind in ("block", "block_markov"):
-            self.mask_embedding = nn.Parameter(torch.zeros(H))
+            self.mask_embedding = nn.Parameter(torch.zeros(cfg.block_size - 1, H))  # one per drafted position 2..m
         if cfg.kind == "block_markov":
             self.markov_in = nn.Linear(H, cfg.markov_rank, bias=False)
             self.markov_out = nn.Linear(cfg.markov_rank, cfg.vocab_size, bias=False)
@@ -233,7 +233,7 @@ class FeatureDrafter(Drafter):
         net, base = self.net, self.cache.length
         logits = self.last_logits[None]
         if m > 1:
-            x = net.mask_embedding.expand(1, m - 1, -1)
+            x = net.mask_embedding[None, : m - 1]
             full = torch.ones(m - 1, m - 1, dtype=torch.bool, device=x.device)
             _, lg = net(x, self.head, self.cache, tree_mask=full)
             self.cache.truncate(base)
@@ -338,7 +338,11 @@ def load_drafter(spec: str, dtype: torch.dtype = torch.float32, device="cpu",
     cfg = DraftConfig.from_hf(d, str(folder / "config.json"))
     with torch.device("meta"):
         net = FeatureDrafterNet(cfg)
-    load_into(net, read_tensors(folder, device), folder, dtype)
+    tensors = read_tensors(folder, device)
+    mask = tensors.get("mask_embedding")
+    if mask is not None and mask.dim() == 1:  # older checkpoints: one mask embedding shared by every position
+        tensors["mask_embedding"] = mask.expand(cfg.block_size - 1, -1).contiguous()
+    load_into(net, tensors, folder, dtype)
     net.inv_freq = cfg.body().inv_freq().to(device)
     return FeatureDrafter(net.eval(), target)
 

@@ -57,6 +57,8 @@ class Recipe:
     sequential_batch: int = 8  # its unrolled steps cost 3×: fewer sequences per step
     block: int = 16
     markov_rank: int = 32
+    markov_steps: int = 150  # the Markov head trains alone, on the frozen block drafter
+    markov_lr: float = 6e-3
     draft_lm_steps: int = 300
     eval_prompts: int = 8
     eval_new_tokens: int = 64
@@ -80,14 +82,15 @@ PRESETS = {
                     target_steps=600, target_batch=32, seq=256, target_lr=1.5e-3,
                     distill_seqs=4096, prompt_len=64, gen_len=192,
                     drafter_steps=1200, drafter_batch=64, sequential_batch=32, drafter_lr=1e-3, anchors=8,
-                    draft_lm_steps=400, eval_prompts=8, eval_new_tokens=64, markov_rank=64,
+                    draft_lm_steps=400, eval_prompts=8, eval_new_tokens=64, markov_rank=64, markov_steps=600,
+                    markov_lr=3e-3,
                     workload_prompts=0.5, gen_batch=512),
     # a seconds-long build of the whole pipeline for the test suite
     "nano": Recipe("nano", vocab=300, target=Shape(32, 2, 2, 1, 64), draft_lm=Shape(32, 1, 2, 1, 64),
                    target_steps=12, target_batch=4, seq=32, target_lr=3e-3,
                    distill_seqs=16, prompt_len=8, gen_len=24, drafter_steps=6, drafter_batch=4, sequential_batch=2,
                    drafter_lr=2e-3, draft_lm_steps=6, eval_prompts=2, eval_new_tokens=12, block=8,
-                   markov_rank=4, store_dtype="float32", corpus_bytes=300_000),
+                   markov_rank=4, markov_steps=4, store_dtype="float32", corpus_bytes=300_000),
 }
 
 
@@ -230,16 +233,20 @@ def build(preset: str, out: Path, device: str = "cpu", log=print) -> dict:
         taus = {"ngram": {k: measure_tau(target, NgramDrafter(), p, r.eval_new_tokens, r.block)
                           for k, p in prompts.items()}}
         timings[f"{role}_ngram_tau_s"] = time.perf_counter() - t
+        block = None  # the block drafter as shipped: the block + Markov drafter's frozen body
         for kind in KINDS:
             t = time.perf_counter()
             batch = r.sequential_batch if kind == "sequential" else r.drafter_batch
+            steps, lr = (r.markov_steps, r.markov_lr) if kind == "block_markov" else (r.drafter_steps, r.drafter_lr)
             net = train.train_drafter(drafter_config(r, kind, cfg), target, seqs, feats, r.prompt_len,
-                                      r.drafter_steps, batch, r.drafter_lr, r.seed + 5,
-                                      f"{role} {kind} drafter", log, anchors=r.anchors)
+                                      steps, batch, lr, r.seed + 5, f"{role} {kind} drafter", log,
+                                      anchors=r.anchors, body=block)
             timings[f"{role}_{kind}_s"] = time.perf_counter() - t
             name = f"{role}-{kind.replace('_', '-')}"
             save_drafter(net, out / name, dtype=sdt)
             net = as_stored(net, sdt)
+            if kind == "block":
+                block = net
             t = time.perf_counter()
             taus[kind] = {k: measure_tau(target, FeatureDrafter(net, target), p, r.eval_new_tokens, r.block)
                           for k, p in prompts.items()}

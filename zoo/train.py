@@ -200,24 +200,33 @@ def drafter_loss(net: FeatureDrafterNet, emb: torch.Tensor, head: torch.Tensor, 
     lo, hi = max(start - 2, 0), L - m - 2
     picks = torch.randint(lo, hi + 1, (anchors,), generator=gen).tolist()
     mask, pos = block_mask(ctx, picks, m, dev)
-    x = torch.cat((rows_in, net.mask_embedding.expand(B, len(picks) * (m - 1), -1)), 1)
+    x = torch.cat((rows_in, net.mask_embedding.repeat(len(picks), 1).expand(B, -1, -1)), 1)
     h, logits = net(x, head, positions=pos.expand(B, -1), tree_mask=mask)
     lab = torch.cat([labels_ctx] + [seqs[:, p + 3 : p + m + 2] for p in picks], 1)  # row at t → token t+2
     w_block = position_weights(m, device=dev)[1:]  # mask row j is drafted position j+1
     weight = torch.cat([valid_ctx.float()] + [w_block] * len(picks)).expand(B, -1)
-    loss = ce(logits, lab, weight)
-    if kind == "block_markov":  # parent = the token right before the predicted one (t+1)
-        parents = torch.cat([seqs[:, 1 : ctx + 1]] + [seqs[:, p + 2 : p + m + 1] for p in picks], 1)
-        loss = 0.5 * loss + 0.5 * ce(net.markov_logits(logits, parents, emb), lab, weight)
-    return loss
+    if kind == "block":
+        return ce(logits, lab, weight)
+    # Markov head on the frozen block body: parent = the token right before the predicted one (t+1)
+    parents = torch.cat([seqs[:, 1 : ctx + 1]] + [seqs[:, p + 2 : p + m + 1] for p in picks], 1)
+    return ce(net.markov_logits(logits.detach(), parents, emb), lab, weight)
 
 
 def train_drafter(cfg: DraftConfig, target: Model, seqs: torch.Tensor, feats: torch.Tensor, start: int,
                   steps: int, batch: int, lr: float, seed: int, desc: str, log: Log | None,
-                  anchors: int = 4) -> FeatureDrafterNet:
+                  anchors: int = 4, body: FeatureDrafterNet | None = None) -> FeatureDrafterNet:
+    """A drafter of cfg.kind trained from scratch; for `block_markov`, `body` is the trained block
+    drafter it extends: its weights are copied and frozen, and only the Markov head trains (as a
+    DSpark head is added to a DFlash drafter)."""
     dev = target.lm_head_weight.device
     net = randomize(FeatureDrafterNet(cfg), seed).to(dev)
-    if hasattr(net, "mask_embedding"):
+    if cfg.kind == "block_markov":
+        if body is None or body.cfg.kind != "block":
+            raise ValueError("a block_markov drafter extends a trained block drafter: pass it as body")
+        net.load_state_dict(body.state_dict(), strict=False)
+        for name, p in net.named_parameters():
+            p.requires_grad_(name.startswith("markov_"))
+    elif hasattr(net, "mask_embedding"):
         with torch.no_grad():
             net.mask_embedding.copy_(target.model.embed_tokens.weight.mean(0))
     emb, head = target.model.embed_tokens.weight.detach(), target.lm_head_weight.detach()

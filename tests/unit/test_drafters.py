@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from specpilot.engine.checkpoint import CheckpointError, save_model
+from specpilot.engine.checkpoint import CheckpointError, save_model, write_checkpoint
 from specpilot.engine.decode import generate
 from specpilot.engine.drafters import (TOP_K, DraftLM, FeatureDrafter, Lattice, NgramDrafter, load_drafter,
                                        save_drafter)
@@ -58,6 +58,21 @@ def test_feature_drafter_round_trip_and_lattice(kind, target, tmp_path):
         assert not torch.allclose(lat.trans[:, 0], lat.trans[:, 1])
     else:
         assert lat.trans is None
+
+
+def test_block_drafter_with_one_shared_mask_embedding_still_loads(target, tmp_path):
+    """Checkpoints written before mask embeddings were per position hold one [H] vector: it is
+    used for every mask row, so those drafters draft exactly as they did."""
+    net = random_drafter_net("block", target.cfg, seed=4, block=8)
+    with torch.no_grad():
+        net.mask_embedding.copy_(net.mask_embedding[0].clone())  # every row the same vector
+    sd = dict(net.state_dict(), mask_embedding=net.mask_embedding[0].clone())
+    write_checkpoint(tmp_path / "old", net.cfg.to_hf(), sd)
+    old = load_drafter(str(tmp_path / "old"), target=target)
+    assert torch.equal(old.net.mask_embedding, net.mask_embedding)
+    a = primed(FeatureDrafter(net, target), target, [5, 9, 2, 7]).propose(8)
+    b = primed(old, target, [5, 9, 2, 7]).propose(8)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.logp, b.logp)
 
 
 def test_sequential_drafter_conditions_on_its_own_tokens(target):

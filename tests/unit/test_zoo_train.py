@@ -1,10 +1,11 @@
 """Drafter training sees exactly the rows the engine drafts with (train/inference consistency), and
 the training masks mean what their docstrings say."""
 
+import pytest
 import torch
 
-from specpilot.engine.drafters import FeatureDrafter
-from specpilot.engine.synthetic import random_drafter_net, random_model, tiny_config
+from specpilot.engine.drafters import FeatureDrafter, FeatureDrafterNet
+from specpilot.engine.synthetic import random_drafter_net, random_model, randomize, tiny_config
 from specpilot.zoo import train
 
 TARGET = random_model(tiny_config("qwen3", vocab=61), seed=3, dtype=torch.float64)
@@ -35,7 +36,7 @@ def test_block_training_rows_equal_inference():
     ctx = len(seq) - 2
     rows = n.rows(torch.tensor([seq[1 : ctx + 1]]), n.fc_feat(features(seq)[:ctx])[None], emb)
     mask, pos = train.block_mask(ctx, [p], m, "cpu")
-    x = torch.cat((rows, n.mask_embedding.expand(1, m - 1, -1)), 1)
+    x = torch.cat((rows, n.mask_embedding[None]), 1)
     _, logits = n(x, head, positions=pos[None], tree_mask=mask)
     train_logits = torch.cat((logits[0, p : p + 1], logits[0, ctx:]))  # context row p, then mask rows
 
@@ -102,3 +103,21 @@ def test_training_is_deterministic():
         return loss, [p.detach().clone() for p in m.parameters()]
     (l1, p1), (l2, p2) = once(), once()
     assert l1 == l2 and all(torch.equal(a, b) for a, b in zip(p1, p2))
+
+
+def test_markov_head_trains_alone_on_the_frozen_block_drafter():
+    target = random_model(tiny_config("qwen3", vocab=61), seed=3)
+    seqs = torch.randint(1, 61, (4, 24), generator=torch.Generator().manual_seed(5))
+    feats = target(seqs, feature_layers=(0, 2, 3)).features.float()
+    block = random_drafter_net("block", target.cfg, seed=9, block=6, target_layers=[0, 2, 3])
+    cfg = random_drafter_net("block_markov", target.cfg, block=6, target_layers=[0, 2, 3]).cfg
+    kw = dict(target=target, seqs=seqs, feats=feats, start=8, steps=3, batch=2, lr=1e-2, seed=1, desc="t", log=None)
+    with pytest.raises(ValueError, match="extends a trained block drafter"):
+        train.train_drafter(cfg, **kw)
+    markov = train.train_drafter(cfg, body=block, **kw)
+    init = randomize(FeatureDrafterNet(cfg), 1).state_dict()
+    for name, value in markov.state_dict().items():
+        if name.startswith("markov_"):
+            assert not torch.equal(value, init[name]), name  # the head learned
+        else:
+            assert torch.equal(value, block.state_dict()[name]), name  # the body is the block drafter's
