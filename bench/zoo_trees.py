@@ -117,6 +117,7 @@ def main() -> int:
             result["pairs"][f"{role}+{kind}"] = measure_pair(target, d, prompts, args.new_tokens)
             result["pairs"][f"{role}+{kind}"]["seconds"] = time.perf_counter() - t
             print(role, kind, json.dumps(result["pairs"][f"{role}+{kind}"]), flush=True)
+            Path(args.out).write_text(json.dumps(result, indent=1))  # what is measured so far survives a cut
     from specpilot.engine.config import ModelConfig
 
     big = ModelConfig(family="qwen3_next", vocab_size=151936, hidden_size=2048, intermediate_size=5120,
