@@ -56,6 +56,8 @@ class Recipe:
     drafter_lr: float
     sequential_batch: int = 8  # its unrolled steps cost 3×: fewer sequences per step
     block: int = 16
+    block_layers: int = 1  # block drafters draft every position in one pass: depth is cheap for them
+    block_steps: int | None = None  # None: drafter_steps
     markov_rank: int = 32
     markov_steps: int = 150  # the Markov head trains alone, on the frozen block drafter
     markov_lr: float = 6e-3
@@ -82,6 +84,7 @@ PRESETS = {
                     target_steps=600, target_batch=32, seq=256, target_lr=1.5e-3,
                     distill_seqs=4096, prompt_len=64, gen_len=192,
                     drafter_steps=1200, drafter_batch=64, sequential_batch=32, drafter_lr=1e-3, anchors=8,
+                    block_layers=2, block_steps=3600,
                     draft_lm_steps=400, eval_prompts=8, eval_new_tokens=64, markov_rank=64, markov_steps=600,
                     markov_lr=3e-3,
                     workload_prompts=0.5, gen_batch=512),
@@ -90,7 +93,7 @@ PRESETS = {
                    target_steps=12, target_batch=4, seq=32, target_lr=3e-3,
                    distill_seqs=16, prompt_len=8, gen_len=24, drafter_steps=6, drafter_batch=4, sequential_batch=2,
                    drafter_lr=2e-3, draft_lm_steps=6, eval_prompts=2, eval_new_tokens=12, block=8,
-                   markov_rank=4, markov_steps=4, store_dtype="float32", corpus_bytes=300_000),
+                   markov_rank=4, markov_steps=4, block_layers=2, store_dtype="float32", corpus_bytes=300_000),
 }
 
 
@@ -122,7 +125,7 @@ def drafter_config(r: Recipe, kind: str, target: ModelConfig) -> DraftConfig:
     n = target.num_hidden_layers
     return DraftConfig(
         kind=kind, vocab_size=r.vocab, hidden_size=target.hidden_size, intermediate_size=2 * target.hidden_size,
-        num_hidden_layers=1, num_attention_heads=target.num_attention_heads,
+        num_hidden_layers=r.block_layers if kind in ("block", "block_markov") else 1, num_attention_heads=target.num_attention_heads,
         num_key_value_heads=target.num_key_value_heads, head_dim=target.head_dim,
         target_hidden_size=target.hidden_size, target_layers=sorted({0, n // 2, n - 1}),
         block_size=r.block, markov_rank=r.markov_rank)
@@ -237,7 +240,8 @@ def build(preset: str, out: Path, device: str = "cpu", log=print) -> dict:
         for kind in KINDS:
             t = time.perf_counter()
             batch = r.sequential_batch if kind == "sequential" else r.drafter_batch
-            steps, lr = (r.markov_steps, r.markov_lr) if kind == "block_markov" else (r.drafter_steps, r.drafter_lr)
+            steps, lr = {"block_markov": (r.markov_steps, r.markov_lr),
+                         "block": (r.block_steps or r.drafter_steps, r.drafter_lr)}.get(kind, (r.drafter_steps, r.drafter_lr))
             net = train.train_drafter(drafter_config(r, kind, cfg), target, seqs, feats, r.prompt_len,
                                       steps, batch, lr, r.seed + 5, f"{role} {kind} drafter", log,
                                       anchors=r.anchors, body=block)

@@ -1,0 +1,78 @@
+"""How the block drafter's chain τ grows with its depth and training steps, on one zoo target.
+
+  python bench/zoo_block_sweep.py --preset small --device cuda --out results.json   (GPU machine)
+
+Trains the preset's dense (or hybrid) target and its distillation data exactly as `zoo build`
+does, then block drafters of each depth × step count (the rest of the recipe unchanged), and
+measures each one's stock-chain τ on the build's HumanEval and held-out stdlib prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ar_decode import git_sha  # noqa: E402
+
+from specpilot.engine.drafters import FeatureDrafter  # noqa: E402
+from specpilot.engine.model import Model  # noqa: E402
+from specpilot.engine.synthetic import randomize  # noqa: E402
+from specpilot.zoo import build as B  # noqa: E402
+from specpilot.zoo import corpus as corpus_mod  # noqa: E402
+from specpilot.zoo import tokenizer as tok_mod  # noqa: E402
+from specpilot.zoo import train  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--role", choices=("dense", "hybrid"), default="dense")
+    ap.add_argument("--layers", default="1,2,4")
+    ap.add_argument("--steps", default="1200,3600")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    r = B.PRESETS[args.preset]
+    result = {"command": " ".join(["python"] + sys.argv), "date": datetime.date.today().isoformat(),
+              "git_sha": git_sha(), "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+              "torch": torch.__version__, "preset": args.preset, "role": args.role, "runs": []}
+    torch.manual_seed(r.seed)
+    corpus = corpus_mod.load_corpus(max_bytes=r.corpus_bytes)
+    tok = tok_mod.train_tokenizer([d.text for d in corpus.train], r.vocab)
+    train_ids = B.encode_docs(tok, corpus.train)
+    prompts = B.eval_prompts(r, tok)
+    cfg = B.target_config(r, args.role == "hybrid")
+    target = randomize(Model(cfg), r.seed + 1).to(args.device)
+    train.train_lm(target, train_ids, r.target_steps, r.target_batch, r.seq, r.target_lr, r.seed + 2,
+                   f"{args.role} target", print, args.device)
+    target = B.as_stored(target, getattr(torch, r.store_dtype))
+    fn = B.workload_like_prompts(tok, corpus.train) if r.workload_prompts else []
+    seqs = train.greedy_continuations(target, B.distill_prompts(r, train_ids, fn).to(args.device), r.gen_len,
+                                      batch=r.gen_batch)
+    feats = train.target_features(target, seqs, tuple(B.drafter_config(r, "block", cfg).target_layers))
+    for layers in [int(x) for x in args.layers.split(",")]:
+        for steps in [int(x) for x in args.steps.split(",")]:
+            dcfg = dataclasses.replace(B.drafter_config(r, "block", cfg), num_hidden_layers=layers)
+            t = time.perf_counter()
+            net = train.train_drafter(dcfg, target, seqs, feats, r.prompt_len, steps, r.drafter_batch,
+                                      r.drafter_lr, r.seed + 5, f"block {layers}L {steps}", print, anchors=r.anchors)
+            train_s = time.perf_counter() - t
+            net = B.as_stored(net, getattr(torch, r.store_dtype))
+            tau = {k: B.measure_tau(target, FeatureDrafter(net, target), p, r.eval_new_tokens, r.block)
+                   for k, p in prompts.items()}
+            result["runs"].append({"layers": layers, "steps": steps, "train_s": train_s, "tau": tau})
+            print(json.dumps(result["runs"][-1]), flush=True)
+            Path(args.out).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
