@@ -84,7 +84,6 @@ PRESETS = {
                     target_steps=600, target_batch=32, seq=256, target_lr=1.5e-3,
                     distill_seqs=4096, prompt_len=64, gen_len=192,
                     drafter_steps=1200, drafter_batch=64, sequential_batch=32, drafter_lr=1e-3, anchors=8,
-                    block_layers=2, block_steps=3600,
                     draft_lm_steps=400, eval_prompts=8, eval_new_tokens=64, markov_rank=64, markov_steps=600,
                     markov_lr=3e-3,
                     workload_prompts=0.5, gen_batch=512),
