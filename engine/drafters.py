@@ -2,8 +2,8 @@
 the target's cache):
 
 - `sequential`   EAGLE-3-like head: fused target features + token embedding, one token per step.
-- `block`        DFlash-like: all positions in one pass; mask rows attend to the context rows and,
-                 bidirectionally, to each other.
+- `block`        DFlash-like: all positions in one pass; mask rows (a learned embedding per drafted
+                 position) attend to the context rows and, bidirectionally, to each other.
 - `block_markov` DSpark-like: `block` plus a Markov head giving score(child | parent).
 - `ngram`        prompt lookup, no weights.
 - `draft_lm`     a standalone small LM (any target-format checkpoint), greedy, one token per step.

@@ -9,7 +9,8 @@ same row layout the engine drafts with (engine/drafters.py):
   rows ≤ p and each other; row at position t predicts token t+2;
 - `sequential`: EAGLE-3's training-time test — unrolled steps in which a row takes the drafter's
   own hidden state of the previous position in place of the target's features;
-- Markov head: the same rows, conditioned on the token right before the predicted one.
+- Markov head: the same rows, conditioned on the token right before the predicted one; it trains
+  alone, on top of a trained block drafter whose weights it copies and freezes.
 """
 
 from __future__ import annotations
