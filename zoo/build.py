@@ -124,8 +124,8 @@ def drafter_config(r: Recipe, kind: str, target: ModelConfig) -> DraftConfig:
     n = target.num_hidden_layers
     return DraftConfig(
         kind=kind, vocab_size=r.vocab, hidden_size=target.hidden_size, intermediate_size=2 * target.hidden_size,
-        num_hidden_layers=r.block_layers if kind in ("block", "block_markov") else 1, num_attention_heads=target.num_attention_heads,
-        num_key_value_heads=target.num_key_value_heads, head_dim=target.head_dim,
+        num_hidden_layers=r.block_layers if kind in ("block", "block_markov") else 1,
+        num_attention_heads=target.num_attention_heads, num_key_value_heads=target.num_key_value_heads, head_dim=target.head_dim,
         target_hidden_size=target.hidden_size, target_layers=sorted({0, n // 2, n - 1}),
         block_size=r.block, markov_rank=r.markov_rank)
 
@@ -239,8 +239,11 @@ def build(preset: str, out: Path, device: str = "cpu", log=print) -> dict:
         for kind in KINDS:
             t = time.perf_counter()
             batch = r.sequential_batch if kind == "sequential" else r.drafter_batch
-            steps, lr = {"block_markov": (r.markov_steps, r.markov_lr),
-                         "block": (r.block_steps or r.drafter_steps, r.drafter_lr)}.get(kind, (r.drafter_steps, r.drafter_lr))
+            steps, lr = r.drafter_steps, r.drafter_lr
+            if kind == "block":
+                steps = r.block_steps or r.drafter_steps
+            elif kind == "block_markov":
+                steps, lr = r.markov_steps, r.markov_lr
             net = train.train_drafter(drafter_config(r, kind, cfg), target, seqs, feats, r.prompt_len,
                                       steps, batch, lr, r.seed + 5, f"{role} {kind} drafter", log,
                                       anchors=r.anchors, body=block)
