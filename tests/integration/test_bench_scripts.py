@@ -1,0 +1,37 @@
+"""The committed benchmark commands run end to end (on the seconds-long `nano` preset, CPU) and
+write results that carry what BENCHMARKS.md needs: command, device, date, git_sha, figures."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run(script, *args):
+    r = subprocess.run([sys.executable, str(REPO / "bench" / script), *args], cwd=REPO, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_zoo_trees_builds_and_measures_every_pair(tmp_path):
+    out = tmp_path / "trees.json"
+    run("zoo_trees.py", "--preset", "nano", "--workdir", str(tmp_path), "--prompts", "1", "--new-tokens", "8",
+        "--out", str(out))
+    res = json.loads(out.read_text())
+    assert {"command", "device", "date", "git_sha", "build_s"} <= set(res)
+    assert set(res["pairs"]) == {"dense+block", "dense+block-markov", "hybrid+block", "hybrid+block-markov"}
+    for pair in res["pairs"].values():
+        assert pair["replay_steps"] > 0
+        assert all(tau >= 1.0 for tau in pair["online"].values())
+        assert pair["replay"]["oracle"] >= pair["replay"]["chain"] >= 1.0
+
+
+def test_block_sweep_trains_one_drafter_per_setting(tmp_path):
+    out = tmp_path / "sweep.json"
+    run("zoo_block_sweep.py", "--preset", "nano", "--layers", "1,2", "--steps", "3", "--out", str(out))
+    res = json.loads(out.read_text())
+    assert {"command", "device", "date", "git_sha"} <= set(res)
+    assert [(r["layers"], r["steps"]) for r in res["runs"]] == [(1, 3), (2, 3)]
+    assert all(r["tau"]["humaneval"] >= 1.0 and r["tau"]["stdlib"] >= 1.0 for r in res["runs"])
