@@ -23,8 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ar_decode import git_sha  # noqa: E402
 
 from specpilot.engine.drafters import FeatureDrafter  # noqa: E402
-from specpilot.engine.model import Model  # noqa: E402
-from specpilot.engine.synthetic import randomize  # noqa: E402
 from specpilot.zoo import build as B  # noqa: E402
 from specpilot.zoo import corpus as corpus_mod  # noqa: E402
 from specpilot.zoo import tokenizer as tok_mod  # noqa: E402
@@ -49,15 +47,11 @@ def main() -> int:
     tok = tok_mod.train_tokenizer([d.text for d in corpus.train], r.vocab)
     train_ids = B.encode_docs(tok, corpus.train)
     prompts = B.eval_prompts(r, tok)
-    cfg = B.target_config(r, args.role == "hybrid")
-    target = randomize(Model(cfg), r.seed + 1).to(args.device)
-    train.train_lm(target, train_ids, r.target_steps, r.target_batch, r.seq, r.target_lr, r.seed + 2,
-                   f"{args.role} target", print, args.device)
-    target = B.as_stored(target, getattr(torch, r.store_dtype))
+    target = B.as_stored(B.train_target(r, args.role == "hybrid", train_ids, args.device, print),
+                         getattr(torch, r.store_dtype))
+    cfg = target.cfg
     fn = B.workload_like_prompts(tok, corpus.train) if r.workload_prompts else []
-    seqs = train.greedy_continuations(target, B.distill_prompts(r, train_ids, fn).to(args.device), r.gen_len,
-                                      batch=r.gen_batch)
-    feats = train.target_features(target, seqs, tuple(B.drafter_config(r, "block", cfg).target_layers))
+    seqs, feats = B.distillation_data(r, target, train_ids, fn, args.device)
     for layers in [int(x) for x in args.layers.split(",")]:
         for steps in [int(x) for x in args.steps.split(",")]:
             dcfg = dataclasses.replace(B.drafter_config(r, "block", cfg), num_hidden_layers=layers)

@@ -180,6 +180,24 @@ def distill_prompts(r: Recipe, train_ids: torch.Tensor, fn_prompts: list[list[in
     return win
 
 
+def train_target(r: Recipe, hybrid: bool, train_ids: torch.Tensor, device: str, log) -> Model:
+    """The preset's dense or hybrid target, trained on the corpus (float32, in training precision)."""
+    target = randomize(Model(target_config(r, hybrid)), r.seed + 1).to(device)
+    train.train_lm(target, train_ids, r.target_steps, r.target_batch, r.seq, r.target_lr, r.seed + 2,
+                   f"{'hybrid' if hybrid else 'dense'} target", log, device)
+    return target
+
+
+def distillation_data(r: Recipe, target: Model, train_ids: torch.Tensor, fn_prompts: list[list[int]],
+                      device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sequences, features): the target's greedy continuations of the distillation prompts and its
+    features at the layers the feature drafters read."""
+    seqs = train.greedy_continuations(target, distill_prompts(r, train_ids, fn_prompts).to(device), r.gen_len,
+                                      batch=r.gen_batch)
+    layers = tuple(drafter_config(r, "block", target.cfg).target_layers)
+    return seqs, train.target_features(target, seqs, layers)
+
+
 def measure_tau(target: Model, drafter, prompts: list[list[int]], new: int, draft_len: int) -> float:
     steps = []
     for p in prompts:
@@ -206,11 +224,9 @@ def build(preset: str, out: Path, device: str = "cpu", log=print) -> dict:
     models = []
 
     for role, hybrid in (("dense", False), ("hybrid", True)):
-        cfg = target_config(r, hybrid)
-        target = randomize(Model(cfg), r.seed + 1).to(device)
         t = time.perf_counter()
-        train.train_lm(target, train_ids, r.target_steps, r.target_batch, r.seq, r.target_lr, r.seed + 2,
-                       f"{role} target", log, device)
+        target = train_target(r, hybrid, train_ids, device, log)
+        cfg = target.cfg
         timings[f"{role}_target_s"] = time.perf_counter() - t
         loss = train.heldout_loss(target, held_ids, r.seq, 64, r.seed + 3, device)
         log(f"  {role} target: {params(target) / 1e6:.2f} M parameters, held-out loss {loss:.3f}")
@@ -223,10 +239,7 @@ def build(preset: str, out: Path, device: str = "cpu", log=print) -> dict:
 
         # distillation data: the target's greedy continuations of corpus prompts
         t = time.perf_counter()
-        seqs = train.greedy_continuations(target, distill_prompts(r, train_ids, fn_prompts).to(device), r.gen_len,
-                                          batch=r.gen_batch)
-        layers = tuple(drafter_config(r, "block", cfg).target_layers)
-        feats = train.target_features(target, seqs, layers)
+        seqs, feats = distillation_data(r, target, train_ids, fn_prompts, device)
         timings[f"{role}_distill_data_s"] = time.perf_counter() - t
 
         log(f"  [{time.perf_counter() - t_all:.0f} s] {role} target {timings[f'{role}_target_s']:.1f} s, "
