@@ -1,4 +1,5 @@
-"""How the block drafter's chain τ grows with its depth and training steps, on one zoo target.
+"""How the block drafter's chain τ grows with its depth and training steps (with and without the
+lead-token row), on one zoo target.
 
   python bench/zoo_block_sweep.py --preset small --device cuda --out results.json   (GPU machine)
 
@@ -35,6 +36,7 @@ def main() -> int:
     ap.add_argument("--role", choices=("dense", "hybrid"), default="dense")
     ap.add_argument("--layers", default="1,2,4")
     ap.add_argument("--steps", default="1200,3600")
+    ap.add_argument("--lead", default="1", help="lead-token row off / on: 0, 1 or 0,1")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -52,19 +54,21 @@ def main() -> int:
     cfg = target.cfg
     fn = B.workload_like_prompts(tok, corpus.train) if r.workload_prompts else []
     seqs, feats = B.distillation_data(r, target, train_ids, fn, args.device)
-    for layers in [int(x) for x in args.layers.split(",")]:
-        for steps in [int(x) for x in args.steps.split(",")]:
-            dcfg = dataclasses.replace(B.drafter_config(r, "block", cfg), num_hidden_layers=layers)
-            t = time.perf_counter()
-            net = train.train_drafter(dcfg, target, seqs, feats, r.prompt_len, steps, r.drafter_batch,
-                                      r.drafter_lr, r.seed + 5, f"block {layers}L {steps}", print, anchors=r.anchors)
-            train_s = time.perf_counter() - t
-            net = B.as_stored(net, getattr(torch, r.store_dtype))
-            tau = {k: B.measure_tau(target, FeatureDrafter(net, target), p, r.eval_new_tokens, r.block)
-                   for k, p in prompts.items()}
-            result["runs"].append({"layers": layers, "steps": steps, "train_s": train_s, "tau": tau})
-            print(json.dumps(result["runs"][-1]), flush=True)
-            Path(args.out).write_text(json.dumps(result, indent=1))
+    grid = [(lead, layers, steps) for lead in [bool(int(x)) for x in args.lead.split(",")]
+            for layers in [int(x) for x in args.layers.split(",")] for steps in [int(x) for x in args.steps.split(",")]]
+    for lead, layers, steps in grid:
+        dcfg = dataclasses.replace(B.drafter_config(r, "block", cfg), num_hidden_layers=layers, lead_token=lead)
+        t = time.perf_counter()
+        net = train.train_drafter(dcfg, target, seqs, feats, r.prompt_len, steps, r.drafter_batch,
+                                  r.drafter_lr, r.seed + 5, f"block {layers}L {steps}{' lead' if lead else ''}", print, anchors=r.anchors)
+        train_s = time.perf_counter() - t
+        net = B.as_stored(net, getattr(torch, r.store_dtype))
+        tau = {k: B.measure_tau(target, FeatureDrafter(net, target), p, r.eval_new_tokens, r.block)
+               for k, p in prompts.items()}
+        result["runs"].append({"lead_token": lead, "layers": layers, "steps": steps, "train_s": train_s,
+                               "tau": tau})
+        print(json.dumps(result["runs"][-1]), flush=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
 
 

@@ -3,7 +3,10 @@ the target's cache):
 
 - `sequential`   EAGLE-3-like head: fused target features + token embedding, one token per step.
 - `block`        DFlash-like: all positions in one pass; mask rows (a learned embedding per drafted
-                 position) attend to the context rows and, bidirectionally, to each other.
+                 position) attend to the context rows and, bidirectionally, to each other. With
+                 `lead_token` the first mask row also reads the token drafted at position 1 (known
+                 before the pass: the last context row's top-1), so position 2 is one token ahead
+                 of a known token instead of two.
 - `block_markov` DSpark-like: `block` plus a Markov head giving score(child | parent).
 - `ngram`        prompt lookup, no weights.
 - `draft_lm`     a standalone small LM (any target-format checkpoint), greedy, one token per step.
@@ -82,6 +85,7 @@ class DraftConfig:
     target_layers: list[int]
     block_size: int = 16  # drafted positions per pass (block kinds) or steps (sequential)
     markov_rank: int = 32
+    lead_token: bool = False  # block kinds: the first mask row reads the drafted position-1 token
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     max_position_embeddings: int = 4096
@@ -158,6 +162,14 @@ class FeatureDrafterNet(nn.Module):
         h, _ = run_layers(self.cfg.body(), self.layers, x, cache, start, positions, tree_mask, rope)
         return h, F.linear(self.norm(h[:, logits_from:]), head)
 
+    def block_rows(self, lead: torch.Tensor, n: int, emb: torch.Tensor) -> torch.Tensor:
+        """The n mask rows of one block, [B, n, H], after the drafted position-1 token lead [B]."""
+        rows = self.mask_embedding[:n].expand(len(lead), -1, -1)
+        if not self.cfg.lead_token:
+            return rows
+        first = self.rows(lead[:, None], rows[:, :1], emb)
+        return torch.cat((first, rows[:, 1:]), 1)
+
     def markov_logits(self, base: torch.Tensor, parents: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         """Logits of a position given each parent token: base [..., V] + a low-rank parent term."""
         return base + self.markov_out(self.markov_in(F.embedding(parents, emb)))
@@ -229,27 +241,28 @@ class FeatureDrafter(Drafter):
         return Lattice.from_logits(torch.stack(logits))
 
     def _propose_block(self, m: int) -> Lattice:
-        # the last context row predicts position 1; m-1 mask rows predict positions 2..m
+        # the last context row predicts position 1 (for block_markov conditioned on the newest
+        # token through the Markov head); m-1 mask rows predict positions 2..m
         net, base = self.net, self.cache.length
-        logits = self.last_logits[None]
+        first = self.last_logits
+        if self.kind == "block_markov":
+            first = net.markov_logits(first, torch.tensor([self.newest], device=first.device), self.emb)[0]
+        logits = first[None]
         if m > 1:
-            x = net.mask_embedding[None, : m - 1]
+            x = net.block_rows(first.argmax().view(1), m - 1, self.emb)
             full = torch.ones(m - 1, m - 1, dtype=torch.bool, device=x.device)
             _, lg = net(x, self.head, self.cache, tree_mask=full)
             self.cache.truncate(base)
             logits = torch.cat((logits, lg[0]))
-        if self.kind == "block":
-            return Lattice.from_logits(logits)
-        # Markov head: position 1 is conditioned on the newest token; later positions keep the
-        # marginal top-k as candidates and score each candidate under each parent candidate.
-        newest = torch.tensor([self.newest], device=logits.device)
-        first = net.markov_logits(logits[0], newest, self.emb)
-        lat = Lattice.from_logits(torch.cat((first, logits[1:])))
-        if m > 1:  # each next-position candidate's logit given each parent candidate, all positions at once
-            cand = lat.tokens[1:m]  # [m-1, k]
-            parent = net.markov_in(F.embedding(lat.tokens[:m - 1], self.emb))  # [m-1, k, rank]
-            child = F.embedding(cand, net.markov_out.weight)  # [m-1, k, rank]
-            lat.trans = (logits[1:m].gather(1, cand)[:, None, :] + parent @ child.transpose(1, 2)).double()
+        lat = Lattice.from_logits(logits)
+        if self.kind == "block" or m == 1:
+            return lat
+        # Markov head: later positions keep the marginal top-k as candidates and score each
+        # candidate under each parent candidate, all positions at once
+        cand = lat.tokens[1:m]  # [m-1, k]
+        parent = net.markov_in(F.embedding(lat.tokens[:m - 1], self.emb))  # [m-1, k, rank]
+        child = F.embedding(cand, net.markov_out.weight)  # [m-1, k, rank]
+        lat.trans = (logits[1:m].gather(1, cand)[:, None, :] + parent @ child.transpose(1, 2)).double()
         return lat
 
 

@@ -58,6 +58,7 @@ class Recipe:
     block: int = 16
     block_layers: int = 1  # block drafters draft every position in one pass: depth is cheap for them
     block_steps: int | None = None  # None: drafter_steps
+    block_lead: bool = True  # the first mask row reads the drafted position-1 token (DraftConfig.lead_token)
     markov_rank: int = 32
     markov_steps: int = 150  # the Markov head trains alone, on the frozen block drafter
     markov_lr: float = 6e-3
@@ -127,7 +128,7 @@ def drafter_config(r: Recipe, kind: str, target: ModelConfig) -> DraftConfig:
         num_hidden_layers=r.block_layers if kind in ("block", "block_markov") else 1,
         num_attention_heads=target.num_attention_heads, num_key_value_heads=target.num_key_value_heads, head_dim=target.head_dim,
         target_hidden_size=target.hidden_size, target_layers=sorted({0, n // 2, n - 1}),
-        block_size=r.block, markov_rank=r.markov_rank)
+        block_size=r.block, markov_rank=r.markov_rank, lead_token=r.block_lead and kind != "sequential")
 
 
 def as_stored(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:

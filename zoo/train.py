@@ -177,6 +177,7 @@ def drafter_loss(net: FeatureDrafterNet, emb: torch.Tensor, head: torch.Tensor, 
     labels_ctx = seqs[:, 2 : ctx + 2]
     valid_ctx = torch.arange(ctx, device=dev) + 2 >= start
     kind, m = net.cfg.kind, net.cfg.block_size
+    lo = max(start - 2, 0)  # context rows before lo predict prompt tokens: no logits for them
     terms = []
 
     def ce(logits, labels, weight):
@@ -191,26 +192,30 @@ def drafter_loss(net: FeatureDrafterNet, emb: torch.Tensor, head: torch.Tensor, 
                 x = torch.cat((x, net.rows(seqs[:, 1 : ctx + 1], prev, emb)), 1)
             mask = unroll_mask(ctx, s, dev)
             pos = torch.arange(ctx, device=dev).repeat(s).expand(B, -1)
-            h, logits = net(x, head, positions=pos, tree_mask=mask, logits_from=(s - 1) * ctx)
+            h, logits = net(x, head, positions=pos, tree_mask=mask, logits_from=(s - 1) * ctx + lo)
             hidden = h[:, -ctx:]
             valid = valid_ctx & (torch.arange(ctx, device=dev) >= s - 1)
-            terms.append(ce(logits, labels_ctx, valid.float().expand(B, -1)) * position_weights(unroll)[s - 1])
+            terms.append(ce(logits, labels_ctx[:, lo:], valid[lo:].float().expand(B, -1))
+                         * position_weights(unroll)[s - 1])
         return sum(terms) / position_weights(unroll).sum()
 
     # block kinds: anchors p (last committed position) inside the greedy region
-    lo, hi = max(start - 2, 0), L - m - 2
+    hi = L - m - 2
     picks = torch.randint(lo, hi + 1, (anchors,), generator=gen).tolist()
     mask, pos = block_mask(ctx, picks, m, dev)
-    x = torch.cat((rows_in, net.mask_embedding.repeat(len(picks), 1).expand(B, -1, -1)), 1)
-    h, logits = net(x, head, positions=pos.expand(B, -1), tree_mask=mask)
+    # a block's first mask row may read the position-1 token: the true one (the chain only keeps
+    # later positions when position 1 was right)
+    x = torch.cat([rows_in] + [net.block_rows(seqs[:, p + 2], m - 1, emb) for p in picks], 1)
+    with torch.set_grad_enabled(torch.is_grad_enabled() and kind == "block"):  # block_markov: frozen body
+        _, logits = net(x, head, positions=pos.expand(B, -1), tree_mask=mask, logits_from=lo)
     lab = torch.cat([labels_ctx] + [seqs[:, p + 3 : p + m + 2] for p in picks], 1)  # row at t → token t+2
     w_block = position_weights(m, device=dev)[1:]  # mask row j is drafted position j+1
     weight = torch.cat([valid_ctx.float()] + [w_block] * len(picks)).expand(B, -1)
     if kind == "block":
-        return ce(logits, lab, weight)
+        return ce(logits, lab[:, lo:], weight[:, lo:])
     # Markov head on the frozen block body: parent = the token right before the predicted one (t+1)
     parents = torch.cat([seqs[:, 1 : ctx + 1]] + [seqs[:, p + 2 : p + m + 1] for p in picks], 1)
-    return ce(net.markov_logits(logits.detach(), parents, emb), lab, weight)
+    return ce(net.markov_logits(logits, parents[:, lo:], emb), lab[:, lo:], weight[:, lo:])
 
 
 def train_drafter(cfg: DraftConfig, target: Model, seqs: torch.Tensor, feats: torch.Tensor, start: int,

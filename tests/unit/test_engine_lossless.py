@@ -10,7 +10,8 @@ from specpilot.engine.decode import generate
 from specpilot.engine.drafters import DraftLM, FeatureDrafter, NgramDrafter
 from specpilot.engine.synthetic import FAMILIES, perturbed, random_drafter_net, random_model, tiny_config
 
-KINDS = ("sequential", "block", "block_markov", "ngram", "draft_lm_self", "draft_lm_noisy")
+KINDS = ("sequential", "block", "block_lead", "block_markov", "block_markov_lead", "ngram", "draft_lm_self",
+         "draft_lm_noisy")
 
 
 @lru_cache(maxsize=None)
@@ -26,7 +27,10 @@ def make_drafter(kind: str, family: str, seed: int):
         # a draft LM must be attention-only: hybrids get a dense model of the same vocabulary
         base = tgt if not tgt.cfg.is_hybrid else target("llama", seed)
         return DraftLM(base if kind == "draft_lm_self" else perturbed(base, seed + 1, 0.3))
-    return FeatureDrafter(random_drafter_net(kind, tgt.cfg, seed=seed + 7, dtype=torch.float64, block=6), tgt)
+    lead = kind.endswith("_lead")  # the first mask row reads the drafted position-1 token
+    net = random_drafter_net(kind.removesuffix("_lead"), tgt.cfg, seed=seed + 7, dtype=torch.float64, block=6,
+                             lead_token=lead)
+    return FeatureDrafter(net, tgt)
 
 
 @settings(max_examples=60, deadline=None)

@@ -16,9 +16,9 @@ def features(seq):
     return out.features[0]
 
 
-def net(kind, block=6):
+def net(kind, block=6, lead_token=False):
     return random_drafter_net(kind, TARGET.cfg, seed=9, dtype=torch.float64, block=block,
-                              target_layers=[0, 2, 3])
+                              target_layers=[0, 2, 3], lead_token=lead_token)
 
 
 def primed(n, seq, p):
@@ -29,14 +29,17 @@ def primed(n, seq, p):
     return d
 
 
-def test_block_training_rows_equal_inference():
-    n, m, p = net("block_markov"), 6, 9
+@pytest.mark.parametrize("lead_token", [False, True])
+def test_block_training_rows_equal_inference(lead_token):
+    n, m, p = net("block_markov", lead_token=lead_token), 6, 9
     seq = [int(t) for t in torch.randint(1, 61, (20,), generator=torch.Generator().manual_seed(1))]
     emb, head = TARGET.model.embed_tokens.weight, TARGET.lm_head_weight
+    # training reads the true position-1 token; inference reads the drafted one: make them the same
+    seq[p + 2] = int(primed(n, seq, p).propose(m).tokens[0, 0])
     ctx = len(seq) - 2
     rows = n.rows(torch.tensor([seq[1 : ctx + 1]]), n.fc_feat(features(seq)[:ctx])[None], emb)
     mask, pos = train.block_mask(ctx, [p], m, "cpu")
-    x = torch.cat((rows, n.mask_embedding[None]), 1)
+    x = torch.cat((rows, n.block_rows(torch.tensor([seq[p + 2]]), m - 1, emb)), 1)
     _, logits = n(x, head, positions=pos[None], tree_mask=mask)
     train_logits = torch.cat((logits[0, p : p + 1], logits[0, ctx:]))  # context row p, then mask rows
 
