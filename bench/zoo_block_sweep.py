@@ -60,7 +60,7 @@ def main() -> int:
         dcfg = dataclasses.replace(B.drafter_config(r, "block", cfg), num_hidden_layers=layers, lead_token=lead)
         t = time.perf_counter()
         net = train.train_drafter(dcfg, target, seqs, feats, r.prompt_len, steps, r.drafter_batch,
-                                  r.drafter_lr, r.seed + 5, f"block {layers}L {steps}{' lead' if lead else ''}", print, anchors=r.anchors)
+                                  r.block_lr or r.drafter_lr, r.seed + 5, f"block {layers}L {steps}{' lead' if lead else ''}", print, anchors=r.anchors)
         train_s = time.perf_counter() - t
         net = B.as_stored(net, getattr(torch, r.store_dtype))
         tau = {k: B.measure_tau(target, FeatureDrafter(net, target), p, r.eval_new_tokens, r.block)

@@ -58,6 +58,7 @@ class Recipe:
     block: int = 16
     block_layers: int = 1  # block drafters draft every position in one pass: depth is cheap for them
     block_steps: int | None = None  # None: drafter_steps
+    block_lr: float | None = None  # None: drafter_lr
     block_lead: bool = True  # the first mask row reads the drafted position-1 token (DraftConfig.lead_token)
     markov_rank: int = 32
     markov_steps: int = 150  # the Markov head trains alone, on the frozen block drafter
@@ -80,11 +81,11 @@ PRESETS = {
                     target_steps=500, target_batch=16, seq=128, target_lr=3e-3,
                     distill_seqs=768, prompt_len=32, gen_len=128,
                     drafter_steps=300, drafter_batch=16, drafter_lr=2e-3, draft_lm_steps=300,
-                    workload_prompts=0.5),
+                    block_steps=400, block_lr=3e-3, workload_prompts=0.5),
     "small": Recipe("small", vocab=8192, target=Shape(512, 8, 8, 4, 1536), draft_lm=Shape(192, 2, 4, 2, 512),
                     target_steps=600, target_batch=32, seq=256, target_lr=1.5e-3,
                     distill_seqs=4096, prompt_len=64, gen_len=192,
-                    drafter_steps=1200, drafter_batch=64, sequential_batch=32, drafter_lr=1e-3, anchors=8,
+                    drafter_steps=1200, drafter_batch=64, sequential_batch=32, drafter_lr=1e-3, anchors=8, block_layers=2,
                     draft_lm_steps=400, eval_prompts=8, eval_new_tokens=64, markov_rank=64, markov_steps=600,
                     markov_lr=3e-3,
                     workload_prompts=0.5, gen_batch=512),
@@ -255,7 +256,7 @@ def build(preset: str, out: Path, device: str = "cpu", log=print) -> dict:
             batch = r.sequential_batch if kind == "sequential" else r.drafter_batch
             steps, lr = r.drafter_steps, r.drafter_lr
             if kind == "block":
-                steps = r.block_steps or r.drafter_steps
+                steps, lr = r.block_steps or r.drafter_steps, r.block_lr or r.drafter_lr
             elif kind == "block_markov":
                 steps, lr = r.markov_steps, r.markov_lr
             net = train.train_drafter(drafter_config(r, kind, cfg), target, seqs, feats, r.prompt_len,
