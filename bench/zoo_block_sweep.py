@@ -37,13 +37,17 @@ def main() -> int:
     ap.add_argument("--layers", default="1,2,4")
     ap.add_argument("--steps", default="1200,3600")
     ap.add_argument("--lead", default="1", help="lead-token row off / on: 0, 1 or 0,1")
+    ap.add_argument("--distill-seqs", type=int, help="distillation sequences (default: the recipe's)")
+    ap.add_argument("--gen-batch", type=int, help="prompts per greedy-continuation pass (default: the recipe's)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     r = B.PRESETS[args.preset]
+    r = dataclasses.replace(r, distill_seqs=args.distill_seqs or r.distill_seqs, gen_batch=args.gen_batch or r.gen_batch)
     result = {"command": " ".join(["python"] + sys.argv), "date": datetime.date.today().isoformat(),
               "git_sha": git_sha(), "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-              "torch": torch.__version__, "preset": args.preset, "role": args.role, "runs": []}
+              "torch": torch.__version__, "preset": args.preset, "role": args.role,
+              "distill_seqs": r.distill_seqs, "runs": []}
     torch.manual_seed(r.seed)
     corpus = corpus_mod.load_corpus(max_bytes=r.corpus_bytes)
     tok = tok_mod.train_tokenizer([d.text for d in corpus.train], r.vocab)
@@ -53,7 +57,9 @@ def main() -> int:
                          getattr(torch, r.store_dtype))
     cfg = target.cfg
     fn = B.workload_like_prompts(tok, corpus.train) if r.workload_prompts else []
+    t = time.perf_counter()
     seqs, feats = B.distillation_data(r, target, train_ids, fn, args.device)
+    result["distill_s"] = time.perf_counter() - t
     grid = [(lead, layers, steps) for lead in [bool(int(x)) for x in args.lead.split(",")]
             for layers in [int(x) for x in args.layers.split(",")] for steps in [int(x) for x in args.steps.split(",")]]
     for lead, layers, steps in grid:
