@@ -26,13 +26,16 @@ def primed(drafter, target, prompt):
     return drafter
 
 
-@pytest.mark.parametrize("kind", ["sequential", "block", "block_markov"])
-def test_feature_drafter_round_trip_and_lattice(kind, target, tmp_path):
-    net = random_drafter_net(kind, target.cfg, seed=3, block=8)
+@pytest.mark.parametrize("kind,lead", [("sequential", False), ("block", False), ("block_markov", False),
+                                       ("block", True), ("block_markov", True)])
+def test_feature_drafter_round_trip_and_lattice(kind, lead, target, tmp_path):
+    net = random_drafter_net(kind, target.cfg, seed=3, block=8, lead_token=lead)
     save_drafter(net, tmp_path / kind)
     cfg = json.loads((tmp_path / kind / "config.json").read_text())
     assert cfg["drafter_kind"] == kind and cfg["architectures"] == ["SpecPilotDrafter"]
+    assert cfg["lead_token"] is lead
     loaded = load_drafter(str(tmp_path / kind), target=target)
+    assert loaded.net.cfg.lead_token is lead
     for a, b in zip(net.state_dict().values(), loaded.net.state_dict().values()):
         assert torch.equal(a, b)
     d = primed(loaded, target, [5, 9, 2, 7, 1])
@@ -135,3 +138,20 @@ def test_feature_drafter_needs_its_target(target, tmp_path):
     other = random_model(tiny_config("qwen3", vocab=97, hidden=32), seed=1)
     with pytest.raises(CheckpointError, match="does not fit this target"):
         load_drafter(str(tmp_path / "d"), target=other)
+
+
+def test_lead_token_row_reads_the_drafted_position_1_token(target):
+    """With the row, position 2 depends on which token position 1 drafted; without it, it cannot."""
+    for lead in (False, True):
+        net = random_drafter_net("block", target.cfg, seed=5, block=6, lead_token=lead)
+        d = primed(FeatureDrafter(net, target), target, [4, 8, 15, 16])
+        rows = [net.block_rows(torch.tensor([t]), 5, target.model.embed_tokens.weight) for t in (3, 11)]
+        assert torch.equal(rows[0][:, 1:], rows[1][:, 1:])  # later mask rows never read it
+        assert torch.equal(rows[0][:, 0], rows[1][:, 0]) == (not lead)
+        lat = d.propose(6)
+        base = d.cache.length
+        ref = net(net.block_rows(d.last_logits.argmax().view(1), 5, target.model.embed_tokens.weight), d.head,
+                  d.cache, tree_mask=torch.ones(5, 5, dtype=torch.bool))[1][0]
+        d.cache.truncate(base)
+        assert torch.equal(lat.tokens[1:], torch.log_softmax(ref.double(), -1).topk(TOP_K, dim=-1).indices)
+
