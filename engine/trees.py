@@ -113,11 +113,13 @@ def best_first(root: int, lat: Lattice, n: int, max_depth: int = MAX_DEPTH) -> T
 def topk(root: int, lat: Lattice, k: int, n: int, max_depth: int = MAX_DEPTH) -> Tree:
     """EAGLE-2: a beam of the k best nodes per depth, each expanded by its k best children; then
     the n best candidates of all depths by path score."""
-    node, trans = _scores(lat)
-    m, kk = lat.tokens.shape
+    node_t, trans_t = _scores(lat)
+    toks, node = lat.tokens.tolist(), node_t.tolist()  # plain lists, as in best_first
+    trans = trans_t.tolist() if trans_t is not None else None
+    m, kk = len(toks), len(toks[0]) if toks else 0
     # candidate pool entries: (score, depth, order, pos, cand, parent pool index)
     pool: list[tuple[float, int, int, int, int, int]] = []
-    first = sorted(((float(node[0, c]), c) for c in range(kk) if lat.tokens[0, c] >= 0), key=lambda t: -t[0])
+    first = sorted(((node[0][c], c) for c in range(kk) if toks[0][c] >= 0), key=lambda t: -t[0])
     beam = []
     for s, c in first[:k]:
         pool.append((s, 1, len(pool), 0, c, -1))
@@ -126,8 +128,8 @@ def topk(root: int, lat: Lattice, k: int, n: int, max_depth: int = MAX_DEPTH) ->
         grown = []
         for b in beam:
             s0, _, _, _, pc, _ = pool[b]
-            kids = [(s0 + float(trans[pos - 1, pc, c] if trans is not None else node[pos, c]), c)
-                    for c in range(kk) if lat.tokens[pos, c] >= 0]
+            scores = trans[pos - 1][pc] if trans is not None else node[pos]
+            kids = [(s0 + scores[c], c) for c in range(kk) if toks[pos][c] >= 0]
             for s, c in sorted(kids, key=lambda t: -t[0])[:k]:
                 pool.append((s, pos + 1, len(pool), pos, c, b))
                 grown.append(len(pool) - 1)

@@ -73,6 +73,27 @@ def test_depth_limit_and_chain_and_topk_shapes():
     assert len(t) - 1 <= 20 and all(t.parents[i] < i for i in range(1, len(t)))
 
 
+@pytest.mark.parametrize("markov", [False, True])
+def test_topk_is_eagle2_beam_by_definition(markov):
+    """Per depth, the k best paths by brute-force path score among the k best children of the
+    previous depth's beam; then the n best of all of them, kept only with their ancestors."""
+    lat, k, n = random_lattice(5, 4, 7, markov=markov), 3, 10
+    score = path_scores(lat, 5)
+    beam = sorted([(c,) for c in range(4)], key=lambda p: -score[p])[:k]
+    pool = list(beam)
+    for _ in range(4):
+        grown = [kid for p in beam for kid in sorted([p + (c,) for c in range(4)], key=lambda q: -score[q])[:k]]
+        beam = sorted(grown, key=lambda p: -score[p])[:k]
+        pool += grown
+    keep = set(sorted(pool, key=lambda p: (-score[p], len(p)))[:n])
+    keep = {p for p in keep if all(p[:i] in keep for i in range(1, len(p)))}
+    t = trees.topk(1, lat, k, n)
+    paths = {0: ()}
+    for i in range(1, len(t)):  # parents come before children
+        paths[i] = paths[t.parents[i]] + (t.cands[i - 1][1],)
+    assert {paths[i] for i in range(1, len(t))} == keep
+
+
 def test_sequoia_fits_the_most_likely_rank_paths():
     profile = torch.tensor([[0.6, 0.3, 0.1], [0.5, 0.2, 0.1], [0.9, 0.05, 0.0]], dtype=torch.float64)
     shape = trees.fit_sequoia(profile, 5)
