@@ -25,8 +25,6 @@ from ar_decode import git_sha  # noqa: E402
 
 from specpilot.engine.drafters import FeatureDrafter  # noqa: E402
 from specpilot.zoo import build as B  # noqa: E402
-from specpilot.zoo import corpus as corpus_mod  # noqa: E402
-from specpilot.zoo import tokenizer as tok_mod  # noqa: E402
 from specpilot.zoo import train  # noqa: E402
 
 
@@ -50,31 +48,28 @@ def main() -> int:
               "torch": torch.__version__, "preset": args.preset, "role": args.role,
               "distill_seqs": r.distill_seqs, "runs": []}
     torch.manual_seed(r.seed)
-    corpus = corpus_mod.load_corpus(max_bytes=r.corpus_bytes)
-    tok = tok_mod.train_tokenizer([d.text for d in corpus.train], r.vocab)
-    train_ids = B.encode_docs(tok, corpus.train)
-    prompts = B.eval_prompts(r, tok)
-    target = B.as_stored(B.train_target(r, args.role == "hybrid", train_ids, args.device, print),
+    inp = B.prepare(r)
+    target = B.as_stored(B.train_target(r, args.role == "hybrid", inp.train_ids, args.device, print),
                          getattr(torch, r.store_dtype))
     cfg = target.cfg
-    fn = B.workload_like_prompts(tok, corpus.train) if r.workload_prompts else []
     t = time.perf_counter()
-    seqs, feats = B.distillation_data(r, target, train_ids, fn, args.device)
+    seqs, feats = B.distillation_data(r, target, inp.train_ids, inp.fn_prompts, args.device)
     result["distill_s"] = time.perf_counter() - t
-    lrs = [float(x) for x in args.lr.split(",")] if args.lr else [r.block_lr or r.drafter_lr]
+    _, batch, block_lr = r.training("block")
+    lrs = [float(x) for x in args.lr.split(",")] if args.lr else [block_lr]
     grid = [(lead, layers, steps, lr) for lead in [bool(int(x)) for x in args.lead.split(",")]
             for layers in [int(x) for x in args.layers.split(",")] for steps in [int(x) for x in args.steps.split(",")]
             for lr in lrs]
     for lead, layers, steps, lr in grid:
         dcfg = dataclasses.replace(B.drafter_config(r, "block", cfg), num_hidden_layers=layers, lead_token=lead)
         t = time.perf_counter()
-        net = train.train_drafter(dcfg, target, seqs, feats, r.prompt_len, steps, r.drafter_batch,
+        net = train.train_drafter(dcfg, target, seqs, feats, r.prompt_len, steps, batch,
                                   lr, r.seed + 5, f"block {layers}L {steps} lr {lr:g}{' lead' if lead else ''}", print,
                                   anchors=r.anchors)
         train_s = time.perf_counter() - t
         net = B.as_stored(net, getattr(torch, r.store_dtype))
         tau = {k: B.measure_tau(target, FeatureDrafter(net, target), p, r.eval_new_tokens, r.block)
-               for k, p in prompts.items()}
+               for k, p in inp.prompts.items()}
         result["runs"].append({"lead_token": lead, "layers": layers, "steps": steps, "lr": lr, "train_s": train_s,
                                "tau": tau})
         print(json.dumps(result["runs"][-1]), flush=True)

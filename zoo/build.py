@@ -75,6 +75,16 @@ class Recipe:
     seed: int = 0
     corpus_bytes: int | None = None  # cap per split (tests); None = the whole standard library
 
+    def training(self, kind: str) -> tuple[int, int, float]:
+        """(steps, batch, learning rate) of a drafter kind."""
+        if kind == "sequential":
+            return self.drafter_steps, self.sequential_batch, self.drafter_lr
+        if kind == "block":
+            return self.block_steps or self.drafter_steps, self.drafter_batch, self.block_lr or self.drafter_lr
+        if kind == "block_markov":
+            return self.markov_steps, self.drafter_batch, self.markov_lr
+        raise ValueError(f"no drafter training for kind {kind!r}")
+
 
 PRESETS = {
     "micro": Recipe("micro", vocab=4096, target=Shape(128, 4, 4, 2, 384), draft_lm=Shape(64, 2, 4, 2, 192),
@@ -207,6 +217,29 @@ def measure_tau(target: Model, drafter, prompts: list[list[int]], new: int, draf
     return sum(s.tau for s in steps) / max(1, len(steps))
 
 
+@dataclass(frozen=True)
+class Inputs:
+    """What every model of a recipe is trained and measured on."""
+    corpus: corpus_mod.Corpus
+    tok: object  # tokenizers.Tokenizer
+    train_ids: torch.Tensor
+    held_ids: torch.Tensor
+    prompts: dict[str, list[list[int]]]  # evaluation prompts by workload
+    fn_prompts: list[list[int]]  # workload-like distillation prompts from train modules
+    tokenizer_s: float
+
+
+def prepare(r: Recipe, log=print) -> Inputs:
+    """Corpus, tokenizer, token streams and prompts of a recipe (deterministic in the recipe)."""
+    corpus = corpus_mod.load_corpus(max_bytes=r.corpus_bytes)
+    log(f"corpus: {len(corpus.train)} train / {len(corpus.heldout)} held-out files, sha256 {corpus.sha256[:12]}")
+    tok, tokenizer_s = train.timed(tok_mod.train_tokenizer, [d.text for d in corpus.train], r.vocab)
+    train_ids, held_ids = encode_docs(tok, corpus.train), encode_docs(tok, corpus.heldout)
+    log(f"tokenizer: vocab {tok.get_vocab_size()}, {len(train_ids)} train / {len(held_ids)} held-out tokens")
+    return Inputs(corpus, tok, train_ids, held_ids, eval_prompts(r, tok),
+                  workload_like_prompts(tok, corpus.train) if r.workload_prompts else [], tokenizer_s)
+
+
 def build(preset: str, out: Path, device: str = "cpu", log=print) -> dict:
     """Build every model of a preset into `out`; returns (and writes) the manifest."""
     r = PRESETS[preset]
@@ -215,13 +248,10 @@ def build(preset: str, out: Path, device: str = "cpu", log=print) -> dict:
     torch.manual_seed(r.seed)
     t_all = time.perf_counter()
     timings: dict[str, float] = {}
-    corpus = corpus_mod.load_corpus(max_bytes=r.corpus_bytes)
-    log(f"corpus: {len(corpus.train)} train / {len(corpus.heldout)} held-out files, sha256 {corpus.sha256[:12]}")
-    tok, timings["tokenizer_s"] = train.timed(tok_mod.train_tokenizer, [d.text for d in corpus.train], r.vocab)
-    train_ids, held_ids = encode_docs(tok, corpus.train), encode_docs(tok, corpus.heldout)
-    log(f"tokenizer: vocab {tok.get_vocab_size()}, {len(train_ids)} train / {len(held_ids)} held-out tokens")
-    prompts = eval_prompts(r, tok)
-    fn_prompts = workload_like_prompts(tok, corpus.train) if r.workload_prompts else []
+    inp = prepare(r, log)
+    corpus, tok, train_ids, held_ids, prompts, fn_prompts = (inp.corpus, inp.tok, inp.train_ids, inp.held_ids,
+                                                             inp.prompts, inp.fn_prompts)
+    timings["tokenizer_s"] = inp.tokenizer_s
     sdt = getattr(torch, r.store_dtype)
     models = []
 
@@ -253,12 +283,7 @@ def build(preset: str, out: Path, device: str = "cpu", log=print) -> dict:
         block = None  # the block drafter as shipped: the block + Markov drafter's frozen body
         for kind in KINDS:
             t = time.perf_counter()
-            batch = r.sequential_batch if kind == "sequential" else r.drafter_batch
-            steps, lr = r.drafter_steps, r.drafter_lr
-            if kind == "block":
-                steps, lr = r.block_steps or r.drafter_steps, r.block_lr or r.drafter_lr
-            elif kind == "block_markov":
-                steps, lr = r.markov_steps, r.markov_lr
+            steps, batch, lr = r.training(kind)
             net = train.train_drafter(drafter_config(r, kind, cfg), target, seqs, feats, r.prompt_len,
                                       steps, batch, lr, r.seed + 5, f"{role} {kind} drafter", log,
                                       anchors=r.anchors, body=block)
