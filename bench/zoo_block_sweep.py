@@ -35,6 +35,7 @@ def main() -> int:
     ap.add_argument("--layers", default="1,2,4")
     ap.add_argument("--steps", default="1200,3600")
     ap.add_argument("--lead", default="1", help="lead-token row off / on: 0, 1 or 0,1")
+    ap.add_argument("--anchors", help="blocks per training sequence, e.g. 8,32 (default: the recipe's)")
     ap.add_argument("--lr", help="learning rates, e.g. 2e-3,3e-3 (default: the recipe's block lr)")
     ap.add_argument("--distill-seqs", type=int, help="distillation sequences (default: the recipe's)")
     ap.add_argument("--distill-fraction", type=float,
@@ -60,20 +61,21 @@ def main() -> int:
     result["distill_s"] = time.perf_counter() - t
     _, batch, block_lr = r.training("block")
     lrs = [float(x) for x in args.lr.split(",")] if args.lr else [block_lr]
-    grid = [(lead, layers, steps, lr) for lead in [bool(int(x)) for x in args.lead.split(",")]
+    anchors = [int(x) for x in args.anchors.split(",")] if args.anchors else [r.anchors]
+    grid = [(lead, layers, steps, lr, a) for lead in [bool(int(x)) for x in args.lead.split(",")]
             for layers in [int(x) for x in args.layers.split(",")] for steps in [int(x) for x in args.steps.split(",")]
-            for lr in lrs]
-    for lead, layers, steps, lr in grid:
+            for lr in lrs for a in anchors]
+    for lead, layers, steps, lr, a in grid:
         dcfg = dataclasses.replace(B.drafter_config(r, "block", cfg), num_hidden_layers=layers, lead_token=lead)
         t = time.perf_counter()
         net = train.train_drafter(dcfg, target, seqs, feats, r.prompt_len, steps, batch,
-                                  lr, r.seed + 5, f"block {layers}L {steps} lr {lr:g}{' lead' if lead else ''}", print,
-                                  anchors=r.anchors)
+                                  lr, r.seed + 5, f"block {layers}L {steps} lr {lr:g} anchors {a}{' lead' if lead else ''}",
+                                  print, anchors=a)
         train_s = time.perf_counter() - t
         net = B.as_stored(net, getattr(torch, r.store_dtype))
         tau = {k: B.measure_tau(target, FeatureDrafter(net, target), p, r.eval_new_tokens, r.block)
                for k, p in inp.prompts.items()}
-        result["runs"].append({"lead_token": lead, "layers": layers, "steps": steps, "lr": lr, "train_s": train_s,
+        result["runs"].append({"lead_token": lead, "layers": layers, "steps": steps, "lr": lr, "anchors": a, "train_s": train_s,
                                "tau": tau})
         print(json.dumps(result["runs"][-1]), flush=True)
         Path(args.out).write_text(json.dumps(result, indent=1))

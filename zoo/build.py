@@ -101,7 +101,7 @@ PRESETS = {
                     drafter_steps=1200, drafter_batch=64, sequential_batch=32, drafter_lr=1e-3, anchors=8, block_layers=2,
                     draft_lm_steps=400, eval_prompts=8, eval_new_tokens=64, markov_rank=64, markov_steps=600,
                     markov_lr=3e-3,
-                    workload_prompts=0.5, gen_batch=512, distill_fraction=0.15),
+                    workload_prompts=0.5, gen_batch=512),
     # a seconds-long build of the whole pipeline for the test suite
     "nano": Recipe("nano", vocab=300, target=Shape(32, 2, 2, 1, 64), draft_lm=Shape(32, 1, 2, 1, 64),
                    target_steps=12, target_batch=4, seq=32, target_lr=3e-3,
