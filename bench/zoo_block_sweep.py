@@ -40,17 +40,19 @@ def main() -> int:
     ap.add_argument("--distill-seqs", type=int, help="distillation sequences (default: the recipe's)")
     ap.add_argument("--distill-fraction", type=float,
                     help="share of modules kept from the target for distillation prompts (default: the recipe's)")
+    ap.add_argument("--vocab", type=int, help="tokenizer vocabulary (default: the recipe's)")
     ap.add_argument("--gen-batch", type=int, help="prompts per greedy-continuation pass (default: the recipe's)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     r = B.PRESETS[args.preset]
     r = dataclasses.replace(r, distill_seqs=args.distill_seqs or r.distill_seqs, gen_batch=args.gen_batch or r.gen_batch,
-                            distill_fraction=r.distill_fraction if args.distill_fraction is None else args.distill_fraction)
+                            distill_fraction=r.distill_fraction if args.distill_fraction is None else args.distill_fraction,
+                            vocab=args.vocab or r.vocab)
     result = {"command": " ".join(["python"] + sys.argv), "date": datetime.date.today().isoformat(),
               "git_sha": git_sha(), "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
               "torch": torch.__version__, "preset": args.preset, "role": args.role,
-              "distill_seqs": r.distill_seqs, "distill_fraction": r.distill_fraction, "runs": []}
+              "distill_seqs": r.distill_seqs, "distill_fraction": r.distill_fraction, "vocab": r.vocab, "runs": []}
     torch.manual_seed(r.seed)
     inp = B.prepare(r)
     target = B.as_stored(B.train_target(r, args.role == "hybrid", inp.train_ids, args.device, print),
@@ -59,6 +61,7 @@ def main() -> int:
     t = time.perf_counter()
     seqs, feats = B.distillation_data(r, target, inp, args.device)
     result["distill_s"] = time.perf_counter() - t
+    conts = B.eval_continuations(r, target, inp.prompts)
     _, batch, block_lr = r.training("block")
     lrs = [float(x) for x in args.lr.split(",")] if args.lr else [block_lr]
     anchors = [int(x) for x in args.anchors.split(",")] if args.anchors else [r.anchors]
@@ -73,8 +76,7 @@ def main() -> int:
                                   print, anchors=a)
         train_s = time.perf_counter() - t
         net = B.as_stored(net, getattr(torch, r.store_dtype))
-        tau = {k: B.measure_tau(target, FeatureDrafter(net, target), p, r.eval_new_tokens, r.block)
-               for k, p in inp.prompts.items()}
+        tau = {k: B.measure_tau(target, FeatureDrafter(net, target), c, r.block) for k, c in conts.items()}
         result["runs"].append({"lead_token": lead, "layers": layers, "steps": steps, "lr": lr, "anchors": a, "train_s": train_s,
                                "tau": tau})
         print(json.dumps(result["runs"][-1]), flush=True)

@@ -6,18 +6,26 @@ spells a prefix of that continuation. Replaying the policy a record was made wit
 online τ step for step; other policies are scored on the same lattices (the paper's offline
 oracle / policy comparison). The oracle accepts while the continuation's token is among the
 drafter's top-k at each position.
+
+The same fact measures a drafter without the target's verify passes: `continuation` runs the target
+once per prompt (AR, plus one pass for its features), and `drafter_taus` then drives the drafter
+through exactly the observe / propose calls `generate` would make, accepting against the known
+continuation — the same τ at every step (float64: token for token; lower precisions differ only
+where rounding breaks a near-tie), at a fraction of the cost when the target is the slow part.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from . import trees
-from .decode import MAX_TREE, StepRecord
-from .drafters import Lattice
+from .decode import MAX_TREE, Policy, StepRecord, emit, generate
+from .drafters import Drafter, Lattice
+from .model import Model
 
 
 def make_policy(spec: str, profile: torch.Tensor | None = None):
@@ -66,6 +74,59 @@ def _argmax_along(tree: trees.Tree, cont: list[int]) -> list[int]:
         if on_path[i] and depth[i] < len(cont):
             out[i] = cont[depth[i]]
     return out
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """A prompt's greedy continuation, run past any EOS to the token limit, and the target's
+    features at every position of prompt + continuation."""
+    prompt: list[int]
+    tokens: list[int]
+    layers: tuple[int, ...]
+    features: torch.Tensor | None  # [len(prompt) + len(tokens), F]; None when layers is ()
+
+
+@torch.no_grad()
+def continuation(target: Model, prompt: list[int], max_new: int, layers: tuple[int, ...] = ()) -> Continuation:
+    tokens = generate(target, prompt, max_new, eos=set()).tokens
+    feats = None
+    if layers:
+        ids = torch.tensor([prompt + tokens], device=target.lm_head_weight.device)
+        feats = target(ids, feature_layers=layers, logits=False).features[0]
+    return Continuation(list(prompt), tokens, tuple(layers), feats)
+
+
+@torch.no_grad()
+def drafter_taus(cont: Continuation, drafter: Drafter, draft_len: int, eos: set[int],
+                 policy: Policy = trees.chain, record: list | None = None) -> list[int]:
+    """τ of every target pass of `generate(target, cont.prompt, len(cont.tokens), drafter, draft_len,
+    eos, policy)`, with the target's part read from the continuation. `record` receives a StepRecord
+    per pass, as generate's does (argmax: -1 off the continuation's path)."""
+    prompt, y, P = cont.prompt, cont.tokens, len(cont.prompt)
+    if not y:
+        return []
+    if drafter.target_layers and tuple(drafter.target_layers) != cont.layers:
+        raise ValueError(f"the drafter reads target layers {tuple(drafter.target_layers)}, the continuation "
+                         f"holds {cont.layers}: make it with continuation(..., layers=drafter.target_layers)")
+    feats = (lambda a, b: cont.features[a:b]) if drafter.target_layers else (lambda a, b: None)
+    drafter.reset(P + len(y) + max(draft_len, MAX_TREE) + 1)
+    drafter.observe(list(prompt), list(prompt[1:]) + [y[0]], feats(0, P))
+    out, taus = [], []
+    done = emit(out, [y[0]], eos, len(y))
+    while not done:
+        n = len(out)  # the newest token y[n-1] sits at position P + n - 1
+        room = len(y) - n - 1
+        lattice = drafter.propose(min(draft_len, room)) if room > 0 else None
+        tree = policy(y[n - 1], lattice) if lattice is not None else trees.Tree((y[n - 1],), (-1,))
+        argmax = _argmax_along(tree, y[n:])
+        path = tree.accept(argmax)
+        taus.append(len(path))
+        if record is not None:
+            record.append(StepRecord(lattice, room, len(path), tree.tokens, argmax, y[n : n + len(path)]))
+        done = emit(out, y[n : n + len(path)], eos, len(y))  # the accepted tokens and the bonus
+        if not done:
+            drafter.observe([tree.tokens[i] for i in path], y[n : n + len(path)], feats(P + n - 1, P + n - 1 + len(path)))
+    return taus
 
 
 def oracle_tau(lat: Lattice | None, cont: list[int]) -> int:

@@ -96,7 +96,7 @@ def best_first(root: int, lat: Lattice, n: int, max_depth: int = MAX_DEPTH) -> T
     trans = trans_t.tolist() if trans_t is not None else None
     depth = min(len(toks), max_depth)
     valid = [[c for c, t in enumerate(row) if t >= 0] for row in toks]
-    heap = [(-node[0][c], 1, 0, c, 0) for c in valid[0]]
+    heap = [(-node[0][c], 1, 0, c, 0) for c in valid[0]] if valid else []  # no positions: the root alone
     heapq.heapify(heap)
     picked: list[tuple[int, int, int]] = []
     while heap and len(picked) < n:

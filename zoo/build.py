@@ -16,9 +16,9 @@ import torch
 
 from specpilot.engine.checkpoint import save_model
 from specpilot.engine.config import ModelConfig
-from specpilot.engine.decode import generate
 from specpilot.engine.drafters import DraftConfig, DraftLM, FeatureDrafter, NgramDrafter, save_drafter
 from specpilot.engine.model import Model
+from specpilot.engine.replay import Continuation, continuation, drafter_taus
 from specpilot.engine.synthetic import randomize
 
 from . import corpus as corpus_mod
@@ -95,7 +95,7 @@ PRESETS = {
                     distill_seqs=768, prompt_len=32, gen_len=128,
                     drafter_steps=300, drafter_batch=16, drafter_lr=2e-3, draft_lm_steps=300,
                     block_steps=400, block_lr=3e-3, workload_prompts=0.5),
-    "small": Recipe("small", vocab=8192, target=Shape(512, 8, 8, 4, 1536), draft_lm=Shape(192, 2, 4, 2, 512),
+    "small": Recipe("small", vocab=16384, target=Shape(512, 8, 8, 4, 1536), draft_lm=Shape(192, 2, 4, 2, 512),
                     target_steps=600, target_batch=32, seq=256, target_lr=1.5e-3,
                     distill_seqs=4096, prompt_len=64, gen_len=192,
                     drafter_steps=1200, drafter_batch=64, sequential_batch=32, drafter_lr=1e-3, anchors=8, block_layers=2,
@@ -145,10 +145,14 @@ def drafter_config(r: Recipe, kind: str, target: ModelConfig) -> DraftConfig:
         block_size=r.block, markov_rank=r.markov_rank, lead_token=r.block_lead and kind != "sequential")
 
 
+@torch.no_grad()
 def as_stored(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """The module as users load it: its weights rounded to the stored dtype, computing in float32
-    (τ is measured on exactly what ships)."""
-    return module.to(dtype).float()
+    """The module as users load it, in place: its weights rounded to the stored dtype, computing in
+    float32 (τ is measured on exactly what ships). Buffers that are not stored (RoPE frequencies)
+    keep their float32 values, as loading recomputes them."""
+    for p in module.parameters():
+        p.copy_(p.to(dtype))
+    return module
 
 
 def params(module: torch.nn.Module) -> int:
@@ -212,11 +216,18 @@ def distillation_data(r: Recipe, target: Model, inp: Inputs, device: str) -> tup
     return seqs, train.target_features(target, seqs, layers)
 
 
-def measure_tau(target: Model, drafter, prompts: list[list[int]], new: int, draft_len: int) -> float:
-    steps = []
-    for p in prompts:
-        steps += generate(target, p[-512:], new, drafter, draft_len=draft_len).steps
-    return sum(s.tau for s in steps) / max(1, len(steps))
+def eval_continuations(r: Recipe, target: Model, prompts: dict[str, list[list[int]]]) -> dict[str, list[Continuation]]:
+    """Per workload, each evaluation prompt's greedy continuation and the target's features along it."""
+    layers = tuple(drafter_config(r, "block", target.cfg).target_layers)
+    return {k: [continuation(target, p[-512:], r.eval_new_tokens, layers) for p in ps] for k, ps in prompts.items()}
+
+
+def measure_tau(target: Model, drafter, conts: list[Continuation], draft_len: int) -> float:
+    """Mean stock-chain τ over every step of decoding each continuation's prompt (exactly the τ of
+    `generate` with this drafter, replayed on the known continuation: engine/replay.py)."""
+    eos = set(target.cfg.eos_token_id)
+    taus = [t for c in conts for t in drafter_taus(c, drafter, draft_len, eos)]
+    return sum(taus) / max(1, len(taus))
 
 
 @dataclass(frozen=True)
@@ -283,8 +294,10 @@ def build(preset: str, out: Path, device: str = "cpu", log=print) -> dict:
         log(f"  [{time.perf_counter() - t_all:.0f} s] {role} target {timings[f'{role}_target_s']:.1f} s, "
             f"distillation data {timings[f'{role}_distill_data_s']:.1f} s")
         t = time.perf_counter()
-        taus = {"ngram": {k: measure_tau(target, NgramDrafter(), p, r.eval_new_tokens, r.block)
-                          for k, p in prompts.items()}}
+        conts = eval_continuations(r, target, prompts)
+        timings[f"{role}_eval_continuations_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        taus = {"ngram": {k: measure_tau(target, NgramDrafter(), c, r.block) for k, c in conts.items()}}
         timings[f"{role}_ngram_tau_s"] = time.perf_counter() - t
         block = None  # the block drafter as shipped: the block + Markov drafter's frozen body
         for kind in KINDS:
@@ -300,8 +313,7 @@ def build(preset: str, out: Path, device: str = "cpu", log=print) -> dict:
             if kind == "block":
                 block = net
             t = time.perf_counter()
-            taus[kind] = {k: measure_tau(target, FeatureDrafter(net, target), p, r.eval_new_tokens, r.block)
-                          for k, p in prompts.items()}
+            taus[kind] = {k: measure_tau(target, FeatureDrafter(net, target), c, r.block) for k, c in conts.items()}
             timings[f"{role}_{kind}_tau_s"] = time.perf_counter() - t
             log(f"  [{time.perf_counter() - t_all:.0f} s] {role} {kind}: train {timings[f'{role}_{kind}_s']:.1f} s, "
                 f"τ {timings[f'{role}_{kind}_tau_s']:.1f} s")
@@ -321,8 +333,7 @@ def build(preset: str, out: Path, device: str = "cpu", log=print) -> dict:
         tok_mod.save(tok, out / name)
         lm = as_stored(lm, sdt)
         t = time.perf_counter()
-        taus["draft_lm"] = {k: measure_tau(target, DraftLM(lm), p, r.eval_new_tokens, r.block)
-                            for k, p in prompts.items()}
+        taus["draft_lm"] = {k: measure_tau(target, DraftLM(lm), c, r.block) for k, c in conts.items()}
         timings[f"{role}_draft_lm_tau_s"] = time.perf_counter() - t
         log(f"  [{time.perf_counter() - t_all:.0f} s] {role} draft LM: train {timings[f'{role}_draft_lm_s']:.1f} s, "
             f"τ {timings[f'{role}_draft_lm_tau_s']:.1f} s")
@@ -336,7 +347,8 @@ def build(preset: str, out: Path, device: str = "cpu", log=print) -> dict:
     manifest = {"preset": preset, "recipe": dataclasses.asdict(r), "seed": r.seed, "corpus_sha256": corpus.sha256,
                 "python_version": corpus.python_version, "device": device, "torch": torch.__version__,
                 "tau_measure": {"mode": "chain", "draft_len": r.block, "prompts": r.eval_prompts,
-                                "new_tokens": r.eval_new_tokens, "dtype": "float32"},
+                                "new_tokens": r.eval_new_tokens, "dtype": "float32",
+                                "method": "drafter replayed on the AR continuation"},
                 "timings": timings, "models": models}
     (out / "zoo.json").write_text(json.dumps(manifest, indent=1))
     log(f"built {len(models)} models into {out} in {timings['total_s']:.0f} s")

@@ -3,11 +3,13 @@
 
 from functools import lru_cache
 
+import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
 from specpilot.engine.decode import generate
 from specpilot.engine.drafters import DraftLM, FeatureDrafter, NgramDrafter
+from specpilot.engine.replay import continuation, drafter_taus, make_policy
 from specpilot.engine.synthetic import FAMILIES, perturbed, random_drafter_net, random_model, tiny_config
 
 KINDS = ("sequential", "block", "block_lead", "block_markov", "block_markov_lead", "ngram", "draft_lm_self",
@@ -73,3 +75,32 @@ def test_token_limit_inside_an_accepted_block():
         spec = generate(tgt, [9, 8, 7], limit, DraftLM(tgt), draft_len=4, eos=set())
         assert len(ar.tokens) == limit
         assert spec.tokens == ar.tokens
+
+
+@settings(max_examples=40, deadline=None)
+@given(family=st.sampled_from(FAMILIES), kind=st.sampled_from(KINDS), seed=st.integers(0, 2),
+       data=st.data(), draft_len=st.integers(1, 7), max_new=st.integers(1, 40),
+       policy=st.sampled_from(["chain", "best-first:6", "topk:2:6"]), eos_at=st.integers(-1, 12))
+def test_drafter_replay_gives_the_online_taus(family, kind, seed, data, draft_len, max_new, policy, eos_at):
+    """replay.drafter_taus on the AR continuation == the τ of every pass of online decoding."""
+    unit = data.draw(st.lists(st.integers(1, 96), min_size=1, max_size=10))
+    prompt = (unit * data.draw(st.integers(1, 4)))[:24]
+    tgt = target(family, seed)
+    free = generate(tgt, prompt, max_new, eos=set()).tokens
+    eos = {free[eos_at]} if 0 <= eos_at < len(free) else set()  # an EOS inside the continuation, or none
+    build, rec_on, rec_off = make_policy(policy), [], []
+    online = generate(tgt, prompt, max_new, make_drafter(kind, family, seed), draft_len=draft_len, eos=eos,
+                      policy=build, record=rec_on)
+    d = make_drafter(kind, family, seed)
+    cont = continuation(tgt, prompt, max_new, tuple(d.target_layers))
+    assert cont.tokens == free
+    assert drafter_taus(cont, d, draft_len, eos, build, rec_off) == [s.tau for s in online.steps]
+    # the same drafts at every step (what the drafter saw — tokens and target features — was the same)
+    assert [(s.room, s.tree_tokens, s.emitted) for s in rec_off] == [(s.room, s.tree_tokens, s.emitted) for s in rec_on]
+
+
+def test_drafter_replay_names_a_layer_mismatch():
+    tgt = target("llama", 0)
+    d = make_drafter("block", "llama", 0)
+    with pytest.raises(ValueError, match="target layers"):
+        drafter_taus(continuation(tgt, [1, 2, 3], 5, ()), d, 4, set())

@@ -84,3 +84,28 @@ def test_distillation_prompts_mix_workload_like_prompts_and_corpus_windows(avail
     assert len(from_prompts) == min(20, available)  # the last 6 tokens of each usable prompt, each once
     assert all(row == [row[0]] * 6 for row in from_prompts) and len({row[0] for row in from_prompts}) == len(from_prompts)
     assert torch.equal(got, distill_prompts(r, stream, fn))  # deterministic in the recipe's seed
+
+
+def test_as_stored_computes_exactly_what_loads(tmp_path):
+    """τ is measured on `as_stored` models: they must equal the bf16 checkpoints as loaded (weights
+    rounded; RoPE frequencies recomputed in float32, not rounded)."""
+    from specpilot.engine.checkpoint import save_model
+    from specpilot.engine.drafters import save_drafter
+    from specpilot.engine.synthetic import random_drafter_net, random_model, tiny_config
+    from specpilot.zoo.build import as_stored
+
+    tgt = random_model(tiny_config("qwen3", vocab=61), seed=3)
+    save_model(tgt, tmp_path / "t", dtype=torch.bfloat16)
+    net = random_drafter_net("block", tgt.cfg, seed=4, block=6, lead_token=True)
+    save_drafter(net, tmp_path / "d", dtype=torch.bfloat16)
+    tgt, loaded = as_stored(tgt, torch.bfloat16), load_model(tmp_path / "t")
+    ids = torch.arange(1, 40)[None]
+    assert torch.equal(tgt(ids).logits, loaded(ids).logits)
+    prompt = list(range(3, 30))
+    d_mem = FeatureDrafter(as_stored(net, torch.bfloat16), tgt)
+    d_disk = load_drafter(str(tmp_path / "d"), target=loaded)
+    rec = [[], []]
+    for d, r in zip((d_mem, d_disk), rec):
+        generate(loaded, prompt, 12, d, draft_len=6, record=r)
+    logps = [[s.lattice.logp.tolist() for s in r if s.lattice is not None] for r in rec]
+    assert logps[0] and logps[0] == logps[1]
