@@ -125,7 +125,8 @@ def drafter_taus(cont: Continuation, drafter: Drafter, draft_len: int, eos: set[
             record.append(StepRecord(lattice, room, len(path), tree.tokens, argmax, y[n : n + len(path)]))
         done = emit(out, y[n : n + len(path)], eos, len(y))  # the accepted tokens and the bonus
         if not done:
-            drafter.observe([tree.tokens[i] for i in path], y[n : n + len(path)], feats(P + n - 1, P + n - 1 + len(path)))
+            at = P + n - 1
+            drafter.observe([tree.tokens[i] for i in path], y[n : n + len(path)], feats(at, at + len(path)))
     return taus
 
 

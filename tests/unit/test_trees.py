@@ -111,6 +111,7 @@ def test_accept_walks_the_argmax():
 
 POLICIES = ["chain", "best-first:24", "topk:3:16", "sequoia:12"]
 PROFILE = torch.tensor([[0.5, 0.2] + [0.02] * 14] * 8, dtype=torch.float64)
+TARGETS = {f: random_model(tiny_config(f, vocab=53), seed=6, dtype=torch.float64) for f in FAMILIES}
 
 
 @pytest.mark.parametrize("spec", POLICIES)
@@ -118,7 +119,6 @@ def test_an_empty_lattice_gives_the_root_alone(spec):
     """An n-gram drafter that finds nothing proposes no positions; every policy then verifies the root."""
     tree = make_policy(spec, PROFILE)(7, Lattice.empty())
     assert tree.tokens == (7,) and tree.parents == (-1,)
-TARGETS = {f: random_model(tiny_config(f, vocab=53), seed=6, dtype=torch.float64) for f in FAMILIES}
 
 
 @settings(max_examples=40, deadline=None)
