@@ -38,8 +38,6 @@ def main() -> int:
     ap.add_argument("--anchors", help="blocks per training sequence, e.g. 8,32 (default: the recipe's)")
     ap.add_argument("--lr", help="learning rates, e.g. 2e-3,3e-3 (default: the recipe's block lr)")
     ap.add_argument("--distill-seqs", type=int, help="distillation sequences (default: the recipe's)")
-    ap.add_argument("--distill-fraction", type=float,
-                    help="share of modules kept from the target for distillation prompts (default: the recipe's)")
     ap.add_argument("--vocab", type=int, help="tokenizer vocabulary (default: the recipe's)")
     ap.add_argument("--gen-batch", type=int, help="prompts per greedy-continuation pass (default: the recipe's)")
     ap.add_argument("--device", default="cpu")
@@ -47,19 +45,18 @@ def main() -> int:
     args = ap.parse_args()
     r = B.PRESETS[args.preset]
     r = dataclasses.replace(r, distill_seqs=args.distill_seqs or r.distill_seqs, gen_batch=args.gen_batch or r.gen_batch,
-                            distill_fraction=r.distill_fraction if args.distill_fraction is None else args.distill_fraction,
                             vocab=args.vocab or r.vocab)
     result = {"command": " ".join(["python"] + sys.argv), "date": datetime.date.today().isoformat(),
               "git_sha": git_sha(), "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
               "torch": torch.__version__, "preset": args.preset, "role": args.role,
-              "distill_seqs": r.distill_seqs, "distill_fraction": r.distill_fraction, "vocab": r.vocab, "runs": []}
+              "distill_seqs": r.distill_seqs, "vocab": r.vocab, "runs": []}
     torch.manual_seed(r.seed)
     inp = B.prepare(r)
     target = B.as_stored(B.train_target(r, args.role == "hybrid", inp.train_ids, args.device, print),
                          getattr(torch, r.store_dtype))
     cfg = target.cfg
     t = time.perf_counter()
-    seqs, feats = B.distillation_data(r, target, inp, args.device)
+    seqs, feats = B.distillation_data(r, target, inp.train_ids, inp.fn_prompts, args.device)
     result["distill_s"] = time.perf_counter() - t
     conts = B.eval_continuations(r, target, inp.prompts)
     _, batch, block_lr = r.training("block")

@@ -74,9 +74,6 @@ class Recipe:
     store_dtype: str = "bfloat16"
     seed: int = 0
     corpus_bytes: int | None = None  # cap per split (tests); None = the whole standard library
-    # modules kept from the targets' training and used only for distillation prompts: a target that
-    # has memorized its training text continues it from memory, unlike the evaluation prompts
-    distill_fraction: float = 0.0
 
     def training(self, kind: str) -> tuple[int, int, float]:
         """(steps, batch, learning rate) of a drafter kind."""
@@ -185,17 +182,17 @@ def workload_like_prompts(tok, docs) -> list[list[int]]:
     return out
 
 
-def distill_prompts(r: Recipe, ids: torch.Tensor, fn_prompts: list[list[int]]) -> torch.Tensor:
+def distill_prompts(r: Recipe, train_ids: torch.Tensor, fn_prompts: list[list[int]]) -> torch.Tensor:
     """[distill_seqs, prompt_len]: random corpus windows, then (workload_prompts of them)
     workload-like prompts; deterministic in the recipe's seed."""
     gen = torch.Generator().manual_seed(r.seed + 4)
     n_wl = round(r.distill_seqs * r.workload_prompts)
-    win = train.windows(ids, r.distill_seqs - n_wl, r.prompt_len, gen)
+    win = train.windows(train_ids, r.distill_seqs - n_wl, r.prompt_len, gen)
     if n_wl:
         wl = train.prompt_windows(fn_prompts, n_wl, r.prompt_len, gen)
         win = torch.cat((win, wl))
         if len(wl) < n_wl:  # too few prompts that long: top up with corpus windows
-            win = torch.cat((win, train.windows(ids, n_wl - len(wl), r.prompt_len, gen)))
+            win = torch.cat((win, train.windows(train_ids, n_wl - len(wl), r.prompt_len, gen)))
     return win
 
 
@@ -207,10 +204,11 @@ def train_target(r: Recipe, hybrid: bool, train_ids: torch.Tensor, device: str, 
     return target
 
 
-def distillation_data(r: Recipe, target: Model, inp: Inputs, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+def distillation_data(r: Recipe, target: Model, train_ids: torch.Tensor, fn_prompts: list[list[int]],
+                      device: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(sequences, features): the target's greedy continuations of the distillation prompts and its
     features at the layers the feature drafters read."""
-    seqs = train.greedy_continuations(target, distill_prompts(r, inp.distill_ids, inp.fn_prompts).to(device), r.gen_len,
+    seqs = train.greedy_continuations(target, distill_prompts(r, train_ids, fn_prompts).to(device), r.gen_len,
                                       batch=r.gen_batch)
     layers = tuple(drafter_config(r, "block", target.cfg).target_layers)
     return seqs, train.target_features(target, seqs, layers)
@@ -237,25 +235,20 @@ class Inputs:
     tok: object  # tokenizers.Tokenizer
     train_ids: torch.Tensor
     held_ids: torch.Tensor
-    distill_ids: torch.Tensor  # distillation prompts' source: the distill split, else train
     prompts: dict[str, list[list[int]]]  # evaluation prompts by workload
-    fn_prompts: list[list[int]]  # workload-like distillation prompts from the same modules
+    fn_prompts: list[list[int]]  # workload-like distillation prompts from train modules
     tokenizer_s: float
 
 
 def prepare(r: Recipe, log=print) -> Inputs:
     """Corpus, tokenizer, token streams and prompts of a recipe (deterministic in the recipe)."""
-    corpus = corpus_mod.load_corpus(max_bytes=r.corpus_bytes, distill_fraction=r.distill_fraction)
-    log(f"corpus: {len(corpus.train)} train / {len(corpus.heldout)} held-out / {len(corpus.distill)} distill files, "
-        f"sha256 {corpus.sha256[:12]}")
+    corpus = corpus_mod.load_corpus(max_bytes=r.corpus_bytes)
+    log(f"corpus: {len(corpus.train)} train / {len(corpus.heldout)} held-out files, sha256 {corpus.sha256[:12]}")
     tok, tokenizer_s = train.timed(tok_mod.train_tokenizer, [d.text for d in corpus.train], r.vocab)
     train_ids, held_ids = encode_docs(tok, corpus.train), encode_docs(tok, corpus.heldout)
-    source = corpus.distill or corpus.train
-    distill_ids = encode_docs(tok, corpus.distill) if corpus.distill else train_ids
-    log(f"tokenizer: vocab {tok.get_vocab_size()}, {len(train_ids)} train / {len(held_ids)} held-out / "
-        f"{len(distill_ids) if corpus.distill else 0} distill tokens")
-    return Inputs(corpus, tok, train_ids, held_ids, distill_ids, eval_prompts(r, tok),
-                  workload_like_prompts(tok, source) if r.workload_prompts else [], tokenizer_s)
+    log(f"tokenizer: vocab {tok.get_vocab_size()}, {len(train_ids)} train / {len(held_ids)} held-out tokens")
+    return Inputs(corpus, tok, train_ids, held_ids, eval_prompts(r, tok),
+                  workload_like_prompts(tok, corpus.train) if r.workload_prompts else [], tokenizer_s)
 
 
 def build(preset: str, out: Path, device: str = "cpu", log=print) -> dict:
@@ -267,7 +260,8 @@ def build(preset: str, out: Path, device: str = "cpu", log=print) -> dict:
     t_all = time.perf_counter()
     timings: dict[str, float] = {}
     inp = prepare(r, log)
-    corpus, tok, train_ids, held_ids, prompts = inp.corpus, inp.tok, inp.train_ids, inp.held_ids, inp.prompts
+    corpus, tok, train_ids, held_ids, prompts, fn_prompts = (inp.corpus, inp.tok, inp.train_ids, inp.held_ids,
+                                                             inp.prompts, inp.fn_prompts)
     timings["tokenizer_s"] = inp.tokenizer_s
     sdt = getattr(torch, r.store_dtype)
     models = []
@@ -288,7 +282,7 @@ def build(preset: str, out: Path, device: str = "cpu", log=print) -> dict:
 
         # distillation data: the target's greedy continuations of corpus prompts
         t = time.perf_counter()
-        seqs, feats = distillation_data(r, target, inp, device)
+        seqs, feats = distillation_data(r, target, train_ids, fn_prompts, device)
         timings[f"{role}_distill_data_s"] = time.perf_counter() - t
 
         log(f"  [{time.perf_counter() - t_all:.0f} s] {role} target {timings[f'{role}_target_s']:.1f} s, "

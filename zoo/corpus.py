@@ -4,15 +4,10 @@ Files are read in sorted order and split into train / held-out *by module* (the
 top-level package or file under the stdlib folder) with a stable sha256 hash of the
 module name, so a module is never in both splits and the split never depends on the
 machine, the process or the file system's listing order.
-
-An optional third split, `distill`, takes further modules out of train: a target never
-trains on them, so its greedy continuations of their text show how it behaves on text it
-has not memorized (as on the evaluation prompts); drafters are distilled on those.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import platform
 import sysconfig
@@ -35,7 +30,6 @@ class Corpus:
     heldout: list[Document]
     sha256: str  # over the split labels, paths and contents, in order
     python_version: str
-    distill: list[Document] = dataclasses.field(default_factory=list)
 
     @property
     def heldout_modules(self) -> frozenset[str]:
@@ -74,35 +68,20 @@ def stdlib_files(root: Path | None = None) -> list[str]:
     return sorted(out)
 
 
-def module_hash(module: str) -> float:
-    """The first 8 bytes of sha256(module) as a fraction of 2**64, in [0, 1)."""
-    return int.from_bytes(hashlib.sha256(module.encode("utf-8")).digest()[:8], "big") / 2**64
-
-
 def is_heldout(module: str, heldout_fraction: float = 0.1) -> bool:
-    """Stable assignment: module_hash below the fraction."""
+    """Stable assignment: the first 8 bytes of sha256(module) as a fraction of 2**64."""
     if not 0.0 <= heldout_fraction < 1.0:
         raise ValueError(f"heldout_fraction must be in [0, 1), got {heldout_fraction!r}")
-    return module_hash(module) < heldout_fraction
+    digest = hashlib.sha256(module.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < heldout_fraction
 
 
-def split_modules(files: list[str], heldout_fraction: float = 0.1,
-                  distill_fraction: float = 0.0) -> tuple[list[str], list[str], list[str]]:
-    """Split relative paths into (train, heldout, distill) by module, keeping the given order.
-    Held-out takes module_hash in [0, heldout_fraction), distill the next distill_fraction."""
-    is_heldout("", heldout_fraction)  # checks the fraction
-    if not 0.0 <= distill_fraction < 1.0 - heldout_fraction:
-        raise ValueError(f"distill_fraction must be in [0, 1 - heldout_fraction), got {distill_fraction!r}")
-    train, heldout, distill = [], [], []
+def split_modules(files: list[str], heldout_fraction: float = 0.1) -> tuple[list[str], list[str]]:
+    """Split relative paths into (train, heldout) by module, keeping the given order."""
+    train, heldout = [], []
     for rel in files:
-        m = module_of(rel)
-        if is_heldout(m, heldout_fraction):
-            heldout.append(rel)
-        elif module_hash(m) < heldout_fraction + distill_fraction:
-            distill.append(rel)
-        else:
-            train.append(rel)
-    return train, heldout, distill
+        (heldout if is_heldout(module_of(rel), heldout_fraction) else train).append(rel)
+    return train, heldout
 
 
 def _read(root: Path, relpath: str) -> str | None:
@@ -127,9 +106,9 @@ def _documents(root: Path, relpaths: list[str], max_bytes: int | None) -> list[D
     return docs
 
 
-def corpus_hash(train: list[Document], heldout: list[Document], distill: list[Document] = ()) -> str:
+def corpus_hash(train: list[Document], heldout: list[Document]) -> str:
     h = hashlib.sha256()
-    for label, docs in (("train", train), ("heldout", heldout), ("distill", distill)):
+    for label, docs in (("train", train), ("heldout", heldout)):
         for doc in docs:
             data = doc.text.encode("utf-8")
             h.update(f"{label}\0{doc.relpath}\0{len(data)}\0".encode("utf-8"))
@@ -138,8 +117,7 @@ def corpus_hash(train: list[Document], heldout: list[Document], distill: list[Do
 
 
 def load_corpus(
-    heldout_fraction: float = 0.1, max_bytes: int | None = None, root: Path | None = None,
-    distill_fraction: float = 0.0,
+    heldout_fraction: float = 0.1, max_bytes: int | None = None, root: Path | None = None
 ) -> Corpus:
     """Read and split the corpus.
 
@@ -149,6 +127,7 @@ def load_corpus(
     if max_bytes is not None and max_bytes < 0:
         raise ValueError(f"max_bytes must be >= 0 or None, got {max_bytes!r}")
     root = stdlib_dir() if root is None else Path(root)
-    splits = split_modules(stdlib_files(root), heldout_fraction, distill_fraction)
-    train, heldout, distill = (_documents(root, files, max_bytes) for files in splits)
-    return Corpus(train, heldout, corpus_hash(train, heldout, distill), platform.python_version(), distill)
+    train_files, heldout_files = split_modules(stdlib_files(root), heldout_fraction)
+    train = _documents(root, train_files, max_bytes)
+    heldout = _documents(root, heldout_files, max_bytes)
+    return Corpus(train, heldout, corpus_hash(train, heldout), platform.python_version())

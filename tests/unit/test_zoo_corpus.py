@@ -50,37 +50,18 @@ def test_module_of():
 
 def test_split_is_by_module_and_deterministic():
     files = corpus.stdlib_files()
-    train, heldout, distill = corpus.split_modules(files, 0.1)
-    assert distill == []
+    train, heldout = corpus.split_modules(files, 0.1)
     assert sorted(train + heldout) == files
     train_mods = {corpus.module_of(f) for f in train}
     heldout_mods = {corpus.module_of(f) for f in heldout}
     assert train_mods and heldout_mods and not train_mods & heldout_mods
-    assert corpus.split_modules(list(files), 0.1) == (train, heldout, [])
+    assert corpus.split_modules(list(files), 0.1) == (train, heldout)
     # pinned: the split is a function of the module name only (sha256), never of the machine
     assert {"json", "inspect", "logging"} <= heldout_mods
     assert {"os", "re", "typing"} <= train_mods
     # a larger fraction only moves modules into held-out
-    _, more, _ = corpus.split_modules(files, 0.3)
+    _, more = corpus.split_modules(files, 0.3)
     assert set(heldout) <= set(more)
-
-
-def test_distill_split_takes_modules_from_train_only():
-    files = corpus.stdlib_files()
-    train0, heldout0, _ = corpus.split_modules(files, 0.1)
-    train, heldout, distill = corpus.split_modules(files, 0.1, 0.15)
-    assert heldout == heldout0  # the evaluation split does not move
-    assert sorted(train + distill) == sorted(train0) and distill
-    mods = [{corpus.module_of(f) for f in s} for s in (train, heldout, distill)]
-    assert not (mods[0] & mods[1] or mods[0] & mods[2] or mods[1] & mods[2])
-    assert all(0.1 <= corpus.module_hash(m) < 0.25 for m in mods[2])
-    assert corpus.split_modules(files, 0.1, 0.15) == (train, heldout, distill)
-
-
-@pytest.mark.parametrize("fraction", [-0.1, 0.9, 1.5])
-def test_bad_distill_fraction(fraction):
-    with pytest.raises(ValueError, match="distill_fraction"):
-        corpus.split_modules(["os.py"], 0.1, fraction)
 
 
 @pytest.mark.parametrize("fraction", [-0.1, 1.0, 2])
