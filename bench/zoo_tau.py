@@ -6,6 +6,8 @@ The build measures τ on 8 prompts per workload (its time budget); this measures
 more, with a 95 % bootstrap interval over prompts. Per target, each prompt's AR continuation is
 computed once (`engine/replay.py` `continuation`) and every drafter is replayed on it
 (`drafter_taus`: the τ of each step of online decoding, without the target's verify passes).
+With `--online` every drafter also decodes every prompt online, to check the two agree step for
+step and to time both.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ar_decode import git_sha  # noqa: E402
 
 from specpilot.engine.checkpoint import load_model  # noqa: E402
+from specpilot.engine.decode import generate  # noqa: E402
 from specpilot.engine.drafters import load_drafter  # noqa: E402
 from specpilot.engine.replay import continuation, drafter_taus  # noqa: E402
 from specpilot.zoo import tokenizer as tok_mod  # noqa: E402
@@ -49,6 +52,7 @@ def main() -> int:
     ap.add_argument("--zoo", default="zoo/checkpoints/micro", help="a built zoo folder (with zoo.json)")
     ap.add_argument("--prompts", type=int, default=32, help="prompts per workload (HumanEval has 164)")
     ap.add_argument("--new-tokens", type=int, help="default: the build's")
+    ap.add_argument("--online", action="store_true", help="also decode online and compare step for step")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -86,9 +90,18 @@ def main() -> int:
                 lo, hi = bootstrap(per_prompt)
                 row = {"tau": pooled_tau(per_prompt), "ci95": [lo, hi], "steps": sum(map(len, per_prompt)),
                        "replay_s": time.perf_counter() - t, "continuations_s": cont_s}
+                if args.online:
+                    t = time.perf_counter()
+                    online = [[s.tau for s in generate(target, c.prompt, new, d, draft_len=draft_len).steps]
+                              for c in conts]
+                    row.update(online_tau=pooled_tau(online), online_s=time.perf_counter() - t,
+                               online_prompts_equal=sum(a == b for a, b in zip(online, per_prompt)))
                 result["tau"].setdefault(f"{role}+{kind}", {})[w] = row
                 print(f"{role:7s} {kind:13s} {w:9s} τ {row['tau']:.2f}  [{lo:.2f}, {hi:.2f}]  "
-                      f"({row['steps']} steps, {row['replay_s']:.1f} s)", flush=True)
+                      f"({row['steps']} steps, {row['replay_s']:.1f} s)"
+                      + (f"  online τ {row['online_tau']:.2f} ({row['online_s']:.1f} s, "
+                         f"{row['online_prompts_equal']}/{len(conts)} prompts step for step)" if args.online else ""),
+                      flush=True)
             Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
 

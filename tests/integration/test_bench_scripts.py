@@ -41,9 +41,11 @@ def test_block_sweep_trains_one_drafter_per_setting(tmp_path):
 
 def test_zoo_tau_replays_every_drafter_of_a_set(tmp_path):
     out = tmp_path / "tau.json"
-    run("zoo_tau.py", "--zoo", "zoo/checkpoints/micro", "--prompts", "3", "--new-tokens", "8", "--out", str(out))
+    run("zoo_tau.py", "--zoo", "zoo/checkpoints/micro", "--prompts", "3", "--new-tokens", "8", "--online",
+        "--out", str(out))
     res = json.loads(out.read_text())
     assert {"command", "device", "date", "git_sha"} <= set(res) and res["prompts"] == {"humaneval": 3, "stdlib": 3}
     assert set(res["tau"]) == set(res["manifest_tau"])  # n-gram + every drafter, per target
     for row in (r for by_workload in res["tau"].values() for r in by_workload.values()):
         assert row["steps"] >= 3 and row["ci95"][0] <= row["tau"] <= row["ci95"][1]
+        assert row["online_prompts_equal"] == 3 and row["online_tau"] == row["tau"]  # replay == online decoding
