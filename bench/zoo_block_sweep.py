@@ -37,19 +37,19 @@ def main() -> int:
     ap.add_argument("--lead", default="1", help="lead-token row off / on: 0, 1 or 0,1")
     ap.add_argument("--anchors", help="blocks per training sequence, e.g. 8,32 (default: the recipe's)")
     ap.add_argument("--lr", help="learning rates, e.g. 2e-3,3e-3 (default: the recipe's block lr)")
-    ap.add_argument("--distill-seqs", type=int, help="distillation sequences (default: the recipe's)")
-    ap.add_argument("--vocab", type=int, help="tokenizer vocabulary (default: the recipe's)")
-    ap.add_argument("--gen-batch", type=int, help="prompts per greedy-continuation pass (default: the recipe's)")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override a recipe field (repeatable), e.g. --set vocab=8192 --set eval_prompts=64")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    r = B.PRESETS[args.preset]
-    r = dataclasses.replace(r, distill_seqs=args.distill_seqs or r.distill_seqs, gen_batch=args.gen_batch or r.gen_batch,
-                            vocab=args.vocab or r.vocab)
+    try:
+        r = B.with_overrides(B.PRESETS[args.preset], args.set)
+    except ValueError as e:
+        ap.error(str(e))
     result = {"command": " ".join(["python"] + sys.argv), "date": datetime.date.today().isoformat(),
               "git_sha": git_sha(), "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
               "torch": torch.__version__, "preset": args.preset, "role": args.role,
-              "distill_seqs": r.distill_seqs, "vocab": r.vocab, "runs": []}
+              "overrides": args.set, "recipe": dataclasses.asdict(r), "runs": []}
     torch.manual_seed(r.seed)
     inp = B.prepare(r)
     target = B.as_stored(B.train_target(r, args.role == "hybrid", inp.train_ids, args.device, print),
@@ -58,7 +58,10 @@ def main() -> int:
     t = time.perf_counter()
     seqs, feats = B.distillation_data(r, target, inp.train_ids, inp.fn_prompts, args.device)
     result["distill_s"] = time.perf_counter() - t
+    result["target_heldout_loss"] = train.heldout_loss(target, inp.held_ids, r.seq, 64, r.seed + 3, args.device)
     conts = B.eval_continuations(r, target, inp.prompts)
+    result["prompt_tokens"] = {k: [len(c.prompt) for c in cs] for k, cs in conts.items()}
+    result["continuations"] = {k: [inp.tok.decode(list(c.tokens)) for c in cs[:4]] for k, cs in conts.items()}
     _, batch, block_lr = r.training("block")
     lrs = [float(x) for x in args.lr.split(",")] if args.lr else [block_lr]
     anchors = [int(x) for x in args.anchors.split(",")] if args.anchors else [r.anchors]
@@ -73,10 +76,11 @@ def main() -> int:
                                   print, anchors=a)
         train_s = time.perf_counter() - t
         net = B.as_stored(net, getattr(torch, r.store_dtype))
-        tau = {k: B.measure_tau(target, FeatureDrafter(net, target), c, r.block) for k, c in conts.items()}
+        per_prompt = {k: B.prompt_taus(target, FeatureDrafter(net, target), cs, r.block) for k, cs in conts.items()}
         result["runs"].append({"lead_token": lead, "layers": layers, "steps": steps, "lr": lr, "anchors": a, "train_s": train_s,
-                               "tau": tau})
-        print(json.dumps(result["runs"][-1]), flush=True)
+                               "tau": {k: B.pooled_tau(v) for k, v in per_prompt.items()},
+                               "tau_per_prompt": {k: [B.pooled_tau([t]) for t in v] for k, v in per_prompt.items()}})
+        print(json.dumps({k: v for k, v in result["runs"][-1].items() if k != "tau_per_prompt"}), flush=True)
         Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
 

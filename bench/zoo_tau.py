@@ -31,13 +31,8 @@ from specpilot.engine.decode import generate  # noqa: E402
 from specpilot.engine.drafters import load_drafter  # noqa: E402
 from specpilot.engine.replay import continuation, drafter_taus  # noqa: E402
 from specpilot.zoo import tokenizer as tok_mod  # noqa: E402
+from specpilot.zoo.build import pooled_tau  # noqa: E402
 from specpilot.zoo import workloads  # noqa: E402
-
-
-def pooled_tau(per_prompt: list[list[int]]) -> float:
-    """Mean τ over every step of every prompt (the build's figure)."""
-    steps = [t for p in per_prompt for t in p]
-    return sum(steps) / max(1, len(steps))
 
 
 def bootstrap(per_prompt: list[list[int]], n: int = 2000, seed: int = 0) -> tuple[float, float]:

@@ -220,12 +220,41 @@ def eval_continuations(r: Recipe, target: Model, prompts: dict[str, list[list[in
     return {k: [continuation(target, p[-512:], r.eval_new_tokens, layers) for p in ps] for k, ps in prompts.items()}
 
 
-def measure_tau(target: Model, drafter, conts: list[Continuation], draft_len: int) -> float:
-    """Mean stock-chain τ over every step of decoding each continuation's prompt (exactly the τ of
+def prompt_taus(target: Model, drafter, conts: list[Continuation], draft_len: int) -> list[list[int]]:
+    """Per continuation, the stock-chain τ of every step of decoding its prompt (exactly the τ of
     `generate` with this drafter, replayed on the known continuation: engine/replay.py)."""
     eos = set(target.cfg.eos_token_id)
-    taus = [t for c in conts for t in drafter_taus(c, drafter, draft_len, eos)]
-    return sum(taus) / max(1, len(taus))
+    return [drafter_taus(c, drafter, draft_len, eos) for c in conts]
+
+
+def pooled_tau(per_prompt: list[list[int]]) -> float:
+    """Mean τ over every step of every prompt."""
+    steps = [t for p in per_prompt for t in p]
+    return sum(steps) / max(1, len(steps))
+
+
+def measure_tau(target: Model, drafter, conts: list[Continuation], draft_len: int) -> float:
+    """The build's τ figure: pooled over every step of every continuation."""
+    return pooled_tau(prompt_taus(target, drafter, conts, draft_len))
+
+
+def with_overrides(r: Recipe, assignments: list[str]) -> Recipe:
+    """The recipe with `FIELD=VALUE` assignments applied (scalar fields, parsed as the field's type)."""
+    types = {f.name: f.type for f in dataclasses.fields(Recipe)}
+    changes = {}
+    for a in assignments:
+        name, sep, value = a.partition("=")
+        kind = types.get(name.strip())
+        if not sep or kind not in ("int", "float", "str", "bool"):
+            scalars = ", ".join(n for n, t in types.items() if t in ("int", "float", "str", "bool"))
+            raise ValueError(f"recipe override {a!r}: expected FIELD=VALUE with FIELD one of {scalars}")
+        try:
+            changes[name.strip()] = {"int": int, "float": float, "str": str,
+                                     "bool": lambda v: {"1": True, "true": True, "0": False, "false": False}[v.lower()]
+                                     }[kind](value.strip())
+        except (ValueError, KeyError):
+            raise ValueError(f"recipe override {a!r}: {value!r} is not a {kind}") from None
+    return dataclasses.replace(r, **changes)
 
 
 @dataclass(frozen=True)

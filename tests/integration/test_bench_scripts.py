@@ -31,12 +31,13 @@ def test_zoo_trees_builds_and_measures_every_pair(tmp_path):
 def test_block_sweep_trains_one_drafter_per_setting(tmp_path):
     out = tmp_path / "sweep.json"
     run("zoo_block_sweep.py", "--preset", "nano", "--layers", "1,2", "--steps", "3", "--lead", "0,1",
-        "--out", str(out))
+        "--set", "eval_prompts=3", "--out", str(out))
     res = json.loads(out.read_text())
     assert {"command", "device", "date", "git_sha"} <= set(res)
     assert [(r["lead_token"], r["layers"], r["steps"]) for r in res["runs"]] == \
         [(False, 1, 3), (False, 2, 3), (True, 1, 3), (True, 2, 3)]
     assert all(r["tau"]["humaneval"] >= 1.0 and r["tau"]["stdlib"] >= 1.0 for r in res["runs"])
+    assert res["recipe"]["eval_prompts"] == 3 and all(len(r["tau_per_prompt"]["humaneval"]) == 3 for r in res["runs"])
 
 
 def test_zoo_tau_replays_every_drafter_of_a_set(tmp_path):

@@ -10,6 +10,7 @@ from specpilot.cli import main
 from specpilot.engine.checkpoint import load_model
 from specpilot.engine.decode import generate
 from specpilot.engine.drafters import DraftLM, FeatureDrafter, load_drafter
+from specpilot.zoo import build as B
 from specpilot.zoo.build import build
 
 
@@ -109,3 +110,15 @@ def test_as_stored_computes_exactly_what_loads(tmp_path):
         generate(loaded, prompt, 12, d, draft_len=6, record=r)
     logps = [[s.lattice.logp.tolist() for s in r if s.lattice is not None] for r in rec]
     assert logps[0] and logps[0] == logps[1]
+
+
+def test_recipe_overrides_parse_as_the_field_type_and_name_bad_ones():
+    r = B.with_overrides(B.PRESETS["small"], ["target_steps=300", "target_lr=1e-3", "block_lead=false"])
+    assert (r.target_steps, r.target_lr, r.block_lead) == (300, 1e-3, False)
+    assert r.seq == B.PRESETS["small"].seq
+    with pytest.raises(ValueError, match="'target=3'.*FIELD one of"):
+        B.with_overrides(r, ["target=3"])  # a Shape, not a scalar
+    with pytest.raises(ValueError, match="'seq=x'.*not a int"):
+        B.with_overrides(r, ["seq=x"])
+    with pytest.raises(ValueError, match="expected FIELD=VALUE"):
+        B.with_overrides(r, ["seq"])
