@@ -7,13 +7,16 @@ more, with a 95 % bootstrap interval over prompts. Per target, each prompt's AR 
 computed once (`engine/replay.py` `continuation`) and every drafter is replayed on it
 (`drafter_taus`: the τ of each step of online decoding, without the target's verify passes).
 With `--online` every drafter also decodes every prompt online, to check the two agree step for
-step and to time both.
+step and to time both. `--jobs N` splits each workload's prompts over N processes (each loads the
+set; on a GPU they share it): the figures are the same, the times are summed over processes.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
+import multiprocessing
 import json
 import random
 import sys
@@ -42,12 +45,70 @@ def bootstrap(per_prompt: list[list[int]], n: int = 2000, seed: int = 0) -> tupl
     return stats[int(0.025 * n)], stats[int(0.975 * n) - 1]
 
 
+def load_pair(zoo: Path, manifest: dict, role: str, device: str):
+    """(target, tokenizer, {kind: drafter}) of one target of a built set, in float32."""
+    entry = next(m for m in manifest["models"] if m["role"] == "target" and m["name"] == role)
+    target = load_model(zoo / entry["path"], torch.float32, device)
+    drafters = {"ngram": load_drafter("ngram")}
+    for m in manifest["models"]:
+        if m["role"] == "drafter" and m["target"] == role:
+            drafters[m["kind"]] = load_drafter(str(zoo / m["path"]), torch.float32, device, target)
+    return target, tok_mod.load(zoo / entry["path"]), drafters
+
+
+def measure(zoo: Path, role: str, prompts: list[str], new: int, device: str, online: bool, bar: bool = True) -> dict:
+    """Per drafter kind of target `role`: each prompt's replayed step τs (and online ones), with
+    the seconds spent; `continuations_s` is the AR continuations' time."""
+    manifest = json.loads((zoo / "zoo.json").read_text())
+    draft_len = manifest["tau_measure"]["draft_len"]
+    target, tok, drafters = load_pair(zoo, manifest, role, device)
+    eos = set(target.cfg.eos_token_id)
+    layers = next((tuple(d.target_layers) for d in drafters.values() if d.target_layers), ())
+    t = time.perf_counter()
+    conts = [continuation(target, tok_mod.encode(tok, p)[-512:], new, layers)
+             for p in tqdm(prompts, desc=f"{role} continuations", leave=False, disable=not bar)]
+    out = {"continuations_s": time.perf_counter() - t, "kinds": {}}
+    for kind, d in drafters.items():
+        t = time.perf_counter()
+        row = {"replay": [drafter_taus(c, d, draft_len, eos) for c in conts]}
+        row["replay_s"] = time.perf_counter() - t
+        if online:
+            t = time.perf_counter()
+            row["online"] = [[s.tau for s in generate(target, c.prompt, new, d, draft_len=draft_len).steps]
+                             for c in conts]
+            row["online_s"] = time.perf_counter() - t
+        out["kinds"][kind] = row
+    return out
+
+
+def measure_split(zoo: Path, role: str, prompts: list[str], new: int, device: str, online: bool, jobs: int) -> dict:
+    """`measure` with the prompts dealt round-robin to `jobs` processes; per-prompt lists come back
+    in prompt order, seconds are summed over processes."""
+    if jobs <= 1:
+        return measure(zoo, role, prompts, new, device, online)
+    ctx = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+        parts = list(tqdm(pool.map(measure, *zip(*[(zoo, role, prompts[i::jobs], new, device, online, False)
+                                                   for i in range(jobs)])), total=jobs, desc=f"{role} jobs", leave=False))
+    out = {"continuations_s": sum(p["continuations_s"] for p in parts), "kinds": {}}
+    for kind in parts[0]["kinds"]:
+        row = out["kinds"][kind] = {}
+        for key in parts[0]["kinds"][kind]:
+            vals = [p["kinds"][kind][key] for p in parts]
+            if key.endswith("_s"):
+                row[key] = sum(vals)
+            else:  # prompt i went to process i % jobs, as its (i // jobs)-th prompt
+                row[key] = [vals[i % jobs][i // jobs] for i in range(len(prompts))]
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--zoo", default="zoo/checkpoints/micro", help="a built zoo folder (with zoo.json)")
     ap.add_argument("--prompts", type=int, default=32, help="prompts per workload (HumanEval has 164)")
     ap.add_argument("--new-tokens", type=int, help="default: the build's")
     ap.add_argument("--online", action="store_true", help="also decode online and compare step for step")
+    ap.add_argument("--jobs", type=int, default=1, help="processes per workload (default 1)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -58,44 +119,32 @@ def main() -> int:
     result = {"command": " ".join(["python"] + sys.argv), "date": datetime.date.today().isoformat(),
               "git_sha": git_sha(), "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
               "torch": torch.__version__, "preset": manifest["preset"], "draft_len": draft_len, "new_tokens": new,
+              "jobs": args.jobs,
               "manifest_tau": {f"{m['target'] or m['name']}+{m['kind'] if m['role'] == 'drafter' else 'ngram'}":
                                (m["tau"] if m["role"] == "drafter" else m["tau"]["ngram"]) for m in manifest["models"]},
               "tau": {}}
     workload_reqs = {"humaneval": workloads.humaneval(limit=args.prompts),
                      "stdlib": workloads.stdlib_completion(limit=args.prompts)}
     result["prompts"] = {k: len(v) for k, v in workload_reqs.items()}
-    for target_entry in (m for m in manifest["models"] if m["role"] == "target"):
-        role = target_entry["name"]
-        target = load_model(zoo / target_entry["path"], torch.float32, args.device)
-        tok = tok_mod.load(zoo / target_entry["path"])
-        eos = set(target.cfg.eos_token_id)
-        drafters = {"ngram": load_drafter("ngram")}
-        for m in manifest["models"]:
-            if m["role"] == "drafter" and m["target"] == role:
-                drafters[m["kind"]] = load_drafter(str(zoo / m["path"]), torch.float32, args.device, target)
-        layers = next((tuple(d.target_layers) for d in drafters.values() if d.target_layers), ())
-        for w, reqs in workload_reqs.items():
+    roles = [m["name"] for m in manifest["models"] if m["role"] == "target"]
+    for w, reqs in workload_reqs.items():  # HumanEval first: the issue's bars are on it
+        for role in roles:
             t = time.perf_counter()
-            conts = [continuation(target, tok_mod.encode(tok, q.prompt)[-512:], new, layers)
-                     for q in tqdm(reqs, desc=f"{role} {w} continuations", leave=False)]
-            cont_s = time.perf_counter() - t
-            for kind, d in drafters.items():
-                t = time.perf_counter()
-                per_prompt = [drafter_taus(c, d, draft_len, eos) for c in conts]
+            got = measure_split(zoo, role, [q.prompt for q in reqs], new, args.device, args.online, args.jobs)
+            result.setdefault("wall_s", {})[f"{role}+{w}"] = time.perf_counter() - t
+            for kind, r in got["kinds"].items():
+                per_prompt = r["replay"]
                 lo, hi = bootstrap(per_prompt)
                 row = {"tau": pooled_tau(per_prompt), "ci95": [lo, hi], "steps": sum(map(len, per_prompt)),
-                       "replay_s": time.perf_counter() - t, "continuations_s": cont_s}
+                       "replay_s": r["replay_s"], "continuations_s": got["continuations_s"]}
                 if args.online:
-                    t = time.perf_counter()
-                    online = [[s.tau for s in generate(target, c.prompt, new, d, draft_len=draft_len).steps]
-                              for c in conts]
-                    row.update(online_tau=pooled_tau(online), online_s=time.perf_counter() - t,
-                               online_prompts_equal=sum(a == b for a, b in zip(online, per_prompt)))
+                    row.update(online_tau=pooled_tau(r["online"]), online_s=r["online_s"],
+                               online_prompts_equal=sum(a == b for a, b in zip(r["online"], per_prompt)))
                 result["tau"].setdefault(f"{role}+{kind}", {})[w] = row
                 print(f"{role:7s} {kind:13s} {w:9s} τ {row['tau']:.2f}  [{lo:.2f}, {hi:.2f}]  "
                       f"({row['steps']} steps, {row['replay_s']:.1f} s)"
                       + (f"  online τ {row['online_tau']:.2f} ({row['online_s']:.1f} s, "
-                         f"{row['online_prompts_equal']}/{len(conts)} prompts step for step)" if args.online else ""),
+                         f"{row['online_prompts_equal']}/{len(per_prompt)} prompts step for step)" if args.online else ""),
                       flush=True)
             Path(args.out).write_text(json.dumps(result, indent=1))
     return 0

@@ -67,6 +67,8 @@ def fit(params, steps: int, lr: float, loss_fn: Callable[[int], torch.Tensor], d
 
 
 def windows(stream: torch.Tensor, n: int, length: int, gen: torch.Generator) -> torch.Tensor:
+    if n == 0:
+        return torch.empty(0, length, dtype=stream.dtype)
     starts = torch.randint(0, len(stream) - length - 1, (n,), generator=gen)
     return torch.stack([stream[s : s + length] for s in starts.tolist()])
 

@@ -70,19 +70,19 @@ def test_zoo_list_json(zoo, capsys):
         assert r["role"] in ("target", "drafter")
 
 
-@pytest.mark.parametrize("available", [200, 3])  # plenty of workload-like prompts, or too few
-def test_distillation_prompts_mix_workload_like_prompts_and_corpus_windows(available):
+@pytest.mark.parametrize("available, share", [(200, 0.5), (3, 0.5), (200, 1.0), (200, 0.0)])
+def test_distillation_prompts_mix_workload_like_prompts_and_corpus_windows(available, share):
     import dataclasses
 
     from specpilot.zoo.build import PRESETS, distill_prompts
 
-    r = dataclasses.replace(PRESETS["nano"], distill_seqs=40, prompt_len=6, workload_prompts=0.5)
+    r = dataclasses.replace(PRESETS["nano"], distill_seqs=40, prompt_len=6, workload_prompts=share)
     stream = torch.arange(1000, 2000)
     fn = [[7] * 3 + [i] * 6 for i in range(available)] + [[5] * 4]  # one too short to use
     got = distill_prompts(r, stream, fn)
     assert got.shape == (40, 6)
     from_prompts = [row for row in got.tolist() if row[0] < 1000]
-    assert len(from_prompts) == min(20, available)  # the last 6 tokens of each usable prompt, each once
+    assert len(from_prompts) == min(round(40 * share), available)  # the last 6 tokens of each usable prompt, each once
     assert all(row == [row[0]] * 6 for row in from_prompts) and len({row[0] for row in from_prompts}) == len(from_prompts)
     assert torch.equal(got, distill_prompts(r, stream, fn))  # deterministic in the recipe's seed
 
