@@ -81,15 +81,14 @@ def measure(zoo: Path, role: str, prompts: list[str], new: int, device: str, onl
     return out
 
 
-def measure_split(zoo: Path, role: str, prompts: list[str], new: int, device: str, online: bool, jobs: int) -> dict:
-    """`measure` with the prompts dealt round-robin to `jobs` processes; per-prompt lists come back
-    in prompt order, seconds are summed over processes."""
-    if jobs <= 1:
+def measure_split(zoo: Path, role: str, prompts: list[str], new: int, device: str, online: bool, pool=None,
+                  jobs: int = 1) -> dict:
+    """`measure`, or with a pool of `jobs` processes the prompts dealt round-robin to them; per-prompt
+    lists come back in prompt order, seconds are summed over processes."""
+    if pool is None:
         return measure(zoo, role, prompts, new, device, online)
-    ctx = multiprocessing.get_context("spawn")  # CUDA cannot be forked
-    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
-        parts = list(tqdm(pool.map(measure, *zip(*[(zoo, role, prompts[i::jobs], new, device, online, False)
-                                                   for i in range(jobs)])), total=jobs, desc=f"{role} jobs", leave=False))
+    parts = list(pool.map(measure, *zip(*[(zoo, role, prompts[i::jobs], new, device, online, False)
+                                          for i in range(jobs)])))
     out = {"continuations_s": sum(p["continuations_s"] for p in parts), "kinds": {}}
     for kind in parts[0]["kinds"]:
         row = out["kinds"][kind] = {}
@@ -127,10 +126,13 @@ def main() -> int:
                      "stdlib": workloads.stdlib_completion(limit=args.prompts)}
     result["prompts"] = {k: len(v) for k, v in workload_reqs.items()}
     roles = [m["name"] for m in manifest["models"] if m["role"] == "target"]
+    # CUDA cannot be forked: spawned processes, started once
+    pool = concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) \
+        if args.jobs > 1 else None
     for w, reqs in workload_reqs.items():  # HumanEval first: the issue's bars are on it
-        for role in roles:
+        for role in tqdm(roles, desc=w, leave=False):
             t = time.perf_counter()
-            got = measure_split(zoo, role, [q.prompt for q in reqs], new, args.device, args.online, args.jobs)
+            got = measure_split(zoo, role, [q.prompt for q in reqs], new, args.device, args.online, pool, args.jobs)
             result.setdefault("wall_s", {})[f"{role}+{w}"] = time.perf_counter() - t
             for kind, r in got["kinds"].items():
                 per_prompt = r["replay"]
@@ -147,6 +149,8 @@ def main() -> int:
                          f"{row['online_prompts_equal']}/{len(per_prompt)} prompts step for step)" if args.online else ""),
                       flush=True)
             Path(args.out).write_text(json.dumps(result, indent=1))
+    if pool:
+        pool.shutdown()
     return 0
 
 

@@ -50,3 +50,16 @@ def test_zoo_tau_replays_every_drafter_of_a_set(tmp_path):
     for row in (r for by_workload in res["tau"].values() for r in by_workload.values()):
         assert row["steps"] >= 3 and row["ci95"][0] <= row["tau"] <= row["ci95"][1]
         assert row["online_prompts_equal"] == 3 and row["online_tau"] == row["tau"]  # replay == online decoding
+
+
+def test_zoo_tau_jobs_give_the_figures_of_one_process(tmp_path):
+    outs = [tmp_path / "one.json", tmp_path / "two.json"]
+    for out, jobs in zip(outs, ("1", "2")):
+        run("zoo_tau.py", "--zoo", "zoo/checkpoints/micro", "--prompts", "3", "--new-tokens", "8", "--jobs", jobs,
+            "--out", str(out))
+    one, two = (json.loads(o.read_text())["tau"] for o in outs)
+    assert one.keys() == two.keys()
+    for pair in one:
+        for w in one[pair]:
+            assert (one[pair][w]["tau"], one[pair][w]["ci95"], one[pair][w]["steps"]) == \
+                (two[pair][w]["tau"], two[pair][w]["ci95"], two[pair][w]["steps"])
