@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import datetime
-import multiprocessing
 import json
+import multiprocessing
 import random
 import sys
 import time
@@ -34,8 +34,8 @@ from specpilot.engine.decode import generate  # noqa: E402
 from specpilot.engine.drafters import load_drafter  # noqa: E402
 from specpilot.engine.replay import continuation, drafter_taus  # noqa: E402
 from specpilot.zoo import tokenizer as tok_mod  # noqa: E402
-from specpilot.zoo.build import pooled_tau  # noqa: E402
 from specpilot.zoo import workloads  # noqa: E402
+from specpilot.zoo.build import pooled_tau  # noqa: E402
 
 
 def bootstrap(per_prompt: list[list[int]], n: int = 2000, seed: int = 0) -> tuple[float, float]:
