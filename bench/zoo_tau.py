@@ -32,10 +32,10 @@ from ar_decode import git_sha  # noqa: E402
 from specpilot.engine.checkpoint import load_model  # noqa: E402
 from specpilot.engine.decode import generate  # noqa: E402
 from specpilot.engine.drafters import load_drafter  # noqa: E402
-from specpilot.engine.replay import continuation, drafter_taus  # noqa: E402
+from specpilot.engine.replay import continuation  # noqa: E402
 from specpilot.zoo import tokenizer as tok_mod  # noqa: E402
 from specpilot.zoo import workloads  # noqa: E402
-from specpilot.zoo.build import pooled_tau  # noqa: E402
+from specpilot.zoo.build import PROMPT_TOKENS, pooled_tau, prompt_taus  # noqa: E402
 
 
 def bootstrap(per_prompt: list[list[int]], n: int = 2000, seed: int = 0) -> tuple[float, float]:
@@ -62,15 +62,14 @@ def measure(zoo: Path, role: str, prompts: list[str], new: int, device: str, onl
     manifest = json.loads((zoo / "zoo.json").read_text())
     draft_len = manifest["tau_measure"]["draft_len"]
     target, tok, drafters = load_pair(zoo, manifest, role, device)
-    eos = set(target.cfg.eos_token_id)
     layers = next((tuple(d.target_layers) for d in drafters.values() if d.target_layers), ())
     t = time.perf_counter()
-    conts = [continuation(target, tok_mod.encode(tok, p)[-512:], new, layers)
+    conts = [continuation(target, tok_mod.encode(tok, p)[-PROMPT_TOKENS:], new, layers)
              for p in tqdm(prompts, desc=f"{role} continuations", leave=False, disable=not bar)]
     out = {"continuations_s": time.perf_counter() - t, "kinds": {}}
     for kind, d in drafters.items():
         t = time.perf_counter()
-        row = {"replay": [drafter_taus(c, d, draft_len, eos) for c in conts]}
+        row = {"replay": prompt_taus(target, d, conts, draft_len)}
         row["replay_s"] = time.perf_counter() - t
         if online:
             t = time.perf_counter()

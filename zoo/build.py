@@ -26,6 +26,7 @@ from . import tokenizer as tok_mod
 from . import train, workloads
 
 SHIPPED = Path(__file__).resolve().parent / "checkpoints"
+PROMPT_TOKENS = 512  # τ is measured on each prompt's last PROMPT_TOKENS tokens
 KINDS = ("sequential", "block", "block_markov")
 
 
@@ -219,7 +220,7 @@ def distillation_data(r: Recipe, target: Model, train_ids: torch.Tensor, fn_prom
 def eval_continuations(r: Recipe, target: Model, prompts: dict[str, list[list[int]]]) -> dict[str, list[Continuation]]:
     """Per workload, each evaluation prompt's greedy continuation and the target's features along it."""
     layers = tuple(drafter_config(r, "block", target.cfg).target_layers)
-    return {k: [continuation(target, p[-512:], r.eval_new_tokens, layers) for p in ps] for k, ps in prompts.items()}
+    return {k: [continuation(target, p[-PROMPT_TOKENS:], r.eval_new_tokens, layers) for p in ps] for k, ps in prompts.items()}
 
 
 def prompt_taus(target: Model, drafter, conts: list[Continuation], draft_len: int) -> list[list[int]]:
