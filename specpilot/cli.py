@@ -156,7 +156,7 @@ def cmd_demo(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from specpilot import costmodel_cli, force_cli, memory_cli, round_cli
+    from specpilot import costmodel_cli, force_cli, memory_cli, round_cli, stack_cli
     from specpilot.zoo import cli as zoo_cli
 
     parser = argparse.ArgumentParser(prog="specpilot", description=__doc__)
@@ -210,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     memory_cli.register(sub)
     costmodel_cli.register(sub)
     round_cli.register(sub)
+    stack_cli.register(sub)
     return parser
 
 

@@ -1,4 +1,5 @@
-"""Remote adapters of the round's interfaces (`ports.py`): the GPU workers over gRPC.
+"""Remote adapters of the round's interfaces (`ports.py`): the GPU workers over gRPC, the memory
+over REST, the planner as Celery tasks.
 
 Every gRPC call carries a deadline (the deployment's timeout; health checks a few seconds). A
 worker that dies mid-call, refuses a build or overruns the deadline is an exception with one line
@@ -129,3 +130,119 @@ class GrpcWorkers:
         for c in self.channels.values():
             c.close()
 
+
+class RestMemory:
+    """The memory API over REST (`services/memory_api/app.py`); its 4xx answers become ValueError
+    with the API's own message, an unreachable API a RuntimeError."""
+
+    def __init__(self, base_url: str, timeout: float = 600.0):
+        import httpx
+
+        self.base = base_url.rstrip("/")
+        self.http = httpx.Client(base_url=self.base, timeout=timeout)
+
+    def _ask(self, method: str, path: str, **kw):
+        import httpx
+
+        try:
+            r = self.http.request(method, path, **kw)
+        except httpx.HTTPError as e:
+            raise RuntimeError(f"memory API {self.base}: {method} {path} failed ({e}); is it running?") from None
+        if r.status_code >= 400:
+            try:
+                detail = r.json().get("detail")
+            except ValueError:
+                detail = r.text[:300]
+            raise (ValueError if r.status_code < 500 else RuntimeError)(
+                f"memory API: {method} {path}: {r.status_code} {detail}")
+        return r.json()
+
+    def entries(self) -> list[dict]:
+        return self._ask("GET", "/entries")
+
+    def port(self, deployment: dict) -> list[dict]:
+        return self._ask("POST", "/port", json=deployment)["entries"]
+
+    def get(self, ident: str, version: int | None = None) -> dict:
+        return self._ask("GET", f"/entries/{ident}" + (f"/versions/{version}" if version is not None else ""))
+
+    def versions(self, ident: str) -> list[int]:
+        return self._ask("GET", f"/entries/{ident}/versions")["versions"]
+
+    def graph_svg(self, ident: str) -> str:
+        import httpx
+
+        try:
+            r = self.http.get(f"/entries/{ident}/graph.svg")
+        except httpx.HTTPError as e:
+            raise RuntimeError(f"memory API {self.base}: graph of {ident} failed ({e})") from None
+        if r.status_code != 200:
+            raise ValueError(f"memory API: graph of {ident}: {r.status_code}")
+        return r.text
+
+    def store(self, entry: dict, expected_tree: str | None) -> dict:
+        import httpx
+
+        params = {"expected_tree": expected_tree} if expected_tree else {}
+        try:
+            r = self.http.post("/entries", json=entry, params=params)
+        except httpx.HTTPError as e:
+            raise RuntimeError(f"memory API {self.base}: storing {entry.get('id')} failed ({e})") from None
+        if r.status_code == 409:  # stored before (a resumed round): read it back
+            return self.get(entry["id"], entry["version"])
+        if r.status_code >= 400:
+            raise ValueError(f"memory API: storing {entry.get('id')}: {r.status_code} {r.json().get('detail')}")
+        return r.json()
+
+    def close(self) -> None:
+        self.http.close()
+
+
+class CeleryPlanner:
+    """The planner as Celery tasks on its queue; each call waits for its task's answer."""
+
+    def __init__(self, app, timeout: float = 3600.0):
+        from specpilot.queue import PLANNER_QUEUE
+
+        self.app, self.queue, self.timeout = app, PLANNER_QUEUE, timeout
+
+    def _run(self, name: str, *args):
+        result = self.app.send_task(f"specpilot.planner.{name}", args=list(args), queue=self.queue)
+        try:
+            return result.get(timeout=self.timeout, disable_sync_subtasks=False)
+        finally:
+            result.forget()
+
+    def analyze(self, measurement: dict, gpu: str) -> dict:
+        return self._run("analyze", measurement, gpu)
+
+    def propose(self, context: dict, agents: list[str], repo: str | None, base_rev: str | None,
+                timeout: float) -> dict:
+        return self._run("propose", context, agents, repo, base_rev, timeout)
+
+    def report(self, summary: dict, folder: str) -> str:
+        return self._run("report", summary, folder)
+
+
+class CeleryQueue:
+    """Queues a round record on `rounds.<kind>` and reports the queues' depth (Redis list lengths)."""
+
+    def __init__(self, celery_app, redis_url: str):
+        self.app, self.redis_url = celery_app, redis_url
+
+    def submit(self, ident: str, kind: str) -> None:
+        from specpilot.queue import ROUND_TASK, rounds_queue
+
+        self.app.send_task(ROUND_TASK, args=[ident], queue=rounds_queue(kind))
+
+    def depth(self, kinds: list[str]) -> dict[str, int]:
+        import redis
+
+        from specpilot.queue import PLANNER_QUEUE, rounds_queue
+
+        names = [rounds_queue(k) for k in sorted(set(kinds))] + [PLANNER_QUEUE]
+        try:
+            client = redis.Redis.from_url(self.redis_url, socket_timeout=2)
+            return {q: int(client.llen(q)) for q in names}
+        except redis.RedisError:
+            return {}

@@ -13,6 +13,8 @@ from typing import Any
 from fastapi import Body, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .entries import Entry, EntryError, Requirement
 from .graph import GraphError, graph_json, graph_svg, resolve
@@ -216,5 +218,26 @@ def create_app(store_url: str, repo: str | Path | None = None, stock_rev: str | 
     ) -> dict:
         plan = port(deployment, store.catalog())
         return {**plan.to_dict(), "entries": [e.to_dict() for e in plan.order]}
+
+    registry = CollectorRegistry()
+    entries_gauge = Gauge("specpilot_memory_entries", "Stored entries (latest versions) and versions",
+                          ["what"], registry=registry)
+    requests = Counter("specpilot_memory_requests", "Requests served, by route and status", ["route", "status"],
+                       registry=registry)
+
+    @app.middleware("http")
+    async def count(request: Request, call_next):
+        response = await call_next(request)
+        route = request.scope.get("route")
+        requests.labels(getattr(route, "path", "unmatched"), str(response.status_code)).inc()
+        return response
+
+    @app.get("/metrics", tags=["service"], summary="Prometheus metrics", response_class=Response,
+             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+    def metrics():
+        catalog = store.catalog()
+        entries_gauge.labels("entries").set(len(catalog))
+        entries_gauge.labels("versions").set(sum(len(v) for v in catalog.values()))
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
