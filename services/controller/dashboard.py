@@ -68,7 +68,7 @@ def event_text(kind: str, d: dict) -> str:
     """One line of the live log for an event (the page and the event stream show the same)."""
     if kind == "step":
         where = f" {d['candidate']}" if d.get("candidate") else f" ({d['system']})" if d.get("system") else ""
-        return f"round {d.get('round', '–')}: {d.get('step')}{where}"
+        return (f"round {d['round']}: " if "round" in d else "") + f"{d.get('step')}{where}"
     if kind == "candidate":
         return f"round {d.get('round')}: candidate {d.get('name')}" + (f" pruned: {d['pruned']}" if d.get("pruned") else "")
     if kind == "verdict":
@@ -191,7 +191,7 @@ def memory_page(entries: list[dict], error: str | None) -> str:
              e(", ".join(f"{r['id']} {r['constraint']}" for r in x.get("requires", []))),
              e(", ".join(x.get("variants", {}))),
              num((x.get("evidence") or {}).get("gain"), ".3f", "×")] for x in entries]
-    body = (f"<section><h2>Memory entries</h2>" + (f"<p class=bad>{e(error)}</p>" if error else "")
+    body = ("<section><h2>Memory entries</h2>" + (f"<p class=bad>{e(error)}</p>" if error else "")
             + table(["entry", "title", "requires", "variants", "evidence gain"], rows, "the memory is empty")
             + "</section>")
     return page("memory", body)

@@ -27,9 +27,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from specpilot import gitrun
-from . import stats
 from specpilot.devices import device_list
 
+from . import stats
 from .pairing import baseline, judge, run_pair, system, write_verdict
 from .ports import Ports
 

@@ -32,7 +32,7 @@ def make_agents(specs: list[str], max_candidates: int, repo: str | None, base_re
     return agents
 
 
-def propose(context: dict, agents: list, ) -> dict:
+def propose(context: dict, agents: list) -> dict:
     """Every agent's candidates for the round (`Candidate.to_dict()` each, pruned ones included
     with their reason) and each agent's log."""
     ctx = Context(**{**context, "tried": tuple(context.get("tried", ()))})
