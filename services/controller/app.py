@@ -64,8 +64,7 @@ def create_app(records: Records, queue, workers, memory, data_dir: Path, token: 
                   description="Queue rounds, watch them, read their verdicts; the GPU workers' health; metrics.")
     bearer = HTTPBearer(auto_error=False, description="SPECPILOT_TOKEN")
     registry = CollectorRegistry()
-    registry.register(ControllerCollector(records, lambda: workers.health(),
-                                          lambda: queue.depth([w["kind"] for w in workers.health() if w["kind"]])))
+    registry.register(ControllerCollector(records, workers.health, queue.depth))
 
     def require_token(cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
         if cred is None or not secrets.compare_digest(cred.credentials.encode(), token.encode()):

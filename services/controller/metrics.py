@@ -25,7 +25,7 @@ def candidate_state(c: dict) -> str:
 
 
 class ControllerCollector:
-    """`records`: `records.Records`; `workers()`: the workers' health; `depth()`: {queue: length}."""
+    """`records`: `records.Records`; `workers()`: the workers' health; `depth(kinds)`: {queue: length}."""
 
     def __init__(self, records, workers, depth):
         self.records, self.workers, self.depth = records, workers, depth
@@ -72,10 +72,11 @@ class ControllerCollector:
         yield histogram("specpilot_profile_duration_seconds", "Time to profile a round's incumbent", profile)
         health = GaugeMetricFamily("specpilot_worker_healthy", "1 when the GPU worker answers its health check",
                                    labels=["address", "kind"])
-        for w in self.workers():
+        workers = self.workers()
+        for w in workers:
             health.add_metric([w["address"], w.get("kind") or ""], 1.0 if w["healthy"] else 0.0)
         yield health
         depth = GaugeMetricFamily("specpilot_queue_depth", "Tasks waiting in a queue", labels=["queue"])
-        for q, n in self.depth().items():
+        for q, n in self.depth([w["kind"] for w in workers if w.get("kind")]).items():
             depth.add_metric([q], n)
         yield depth

@@ -32,8 +32,9 @@ PG_ADMIN = os.environ.get("SPECPILOT_PG_ADMIN_URL", "postgresql+psycopg://postgr
 QUICK = {"name": "e2e-quick", "target": str(SHIPPED / "dense"), "drafter": str(SHIPPED / "dense-block-markov"),
          "drafters": {"block_markov": str(SHIPPED / "dense-block-markov")}, "prompts": 1, "max_new_tokens": 16,
          "repeats": 2, "budgets": ["chain", "best-first:16"], "max_candidates": 2}
-pytestmark = pytest.mark.skipif(not (SHIPPED / "dense" / "config.json").is_file(),
-                                reason="needs the shipped micro checkpoints")
+pytestmark = [pytest.mark.skipif(not (SHIPPED / "dense" / "config.json").is_file(),
+                                 reason="needs the shipped micro checkpoints"),
+              pytest.mark.timeout(900)]  # a round takes minutes on two busy cores
 
 
 def free_port() -> int:
