@@ -44,18 +44,25 @@ class SystemProcess:
         spec = {"engine": engine, "device": device, **({"root": str(root)} if root else {})}
         self.proc = subprocess.Popen([sys.executable, "-m", CHILD, json.dumps(spec)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
-        self._read("start")
+        reply = self._read("start")
+        if "error" in reply:  # the child answered instead of loading the system
+            self.close()
+            raise RuntimeError(f"worker on {device} could not load the system: {reply['error']}")
 
     def _read(self, what: str) -> dict:
         ready, _, _ = select.select([self.proc.stdout], [], [], self.timeout)
         line = self.proc.stdout.readline() if ready else ""
-        if not ready or not line:
-            self.close()
-            self.log.seek(0)
-            tail = self.log.read()[-800:]
-            why = f"no answer within {self.timeout} s" if not ready else "the worker exited"
-            raise RuntimeError(f"worker on {self.device}: {what} failed ({why}). Its last output:\n{tail}")
-        return json.loads(line)
+        try:
+            if line:
+                return json.loads(line)
+        except json.JSONDecodeError:
+            pass
+        self.close()
+        self.log.seek(0)
+        tail = self.log.read()[-800:]
+        why = (f"no answer within {self.timeout} s" if not ready else "the worker exited" if not line
+               else "the worker wrote something else than a JSON line")
+        raise RuntimeError(f"worker on {self.device}: {what} failed ({why}). Its last output:\n{tail}")
 
     def call(self, msg: dict, what: str) -> dict:
         with self._lock:  # one request at a time on the child's pipe
