@@ -128,6 +128,26 @@ def step_ms(target, prompt, n, drafter=None, policy=None, draft_len=15, reps=3) 
     return statistics.median(r.decode_s / len(r.steps) * 1e3 for r in runs), first
 
 
+def kernel_profile(target, prompt, drafter=None, policy=None, draft_len=15, n=33, top=25) -> list[dict]:
+    """The heaviest kernels of a decode, per step, as CUPTI sees them inside the graph replays
+    (a diagnosis: the figures above are timed without the profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    generate(target, prompt, 8, drafter, draft_len, eos=set(), policy=policy)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        res = generate(target, prompt, n, drafter, draft_len, eos=set(), policy=policy)
+    steps = len(res.steps)
+    dt = lambda e: getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)  # noqa: E731
+    events = sorted(prof.key_averages(), key=lambda e: -dt(e))
+    rows = [{"kernel": e.key[:100], "calls_per_step": round(e.count / steps, 2), "us_per_step": dt(e) / steps}
+            for e in events[:top]]
+    rows.append({"kernel": "(all)", "calls_per_step": sum(e.count for e in events) / steps,
+                 "us_per_step": sum(dt(e) for e in events) / steps})
+    for r in rows:
+        print(f"  {r['us_per_step']:9.1f} us {r['calls_per_step']:7.2f}x  {r['kernel']}")
+    return rows
+
+
 def part_eight_b(args) -> dict:
     cfg = ModelConfig(**LLAMA_8B)
     bw = copy_bandwidth()
@@ -142,6 +162,11 @@ def part_eight_b(args) -> dict:
         ms, first = step_ms(model, prompt, args.new_tokens // 2, FixedLattice(cfg.vocab_size, 15),
                             make_policy(f"best-first:{rows - 1}"))
         out[f"step{rows}_ms"], out[f"c{rows}"], out[f"step{rows}_first_call_s"] = ms, ms / ar_ms, first
+    if args.profile:
+        print("AR step:")
+        out["profile_ar"] = kernel_profile(model, prompt)
+        print("16-row step:")
+        out["profile_16"] = kernel_profile(model, prompt, FixedLattice(cfg.vocab_size, 15), make_policy("best-first:15"))
     return out
 
 
@@ -168,6 +193,11 @@ def part_small_shape(args) -> dict:
             ms, first = step_ms(tgt, prompt, args.new_tokens, d, make_policy(spec), draft_len=16)
             out[f"{role}_{spec}_step_ms"], out[f"{role}_{spec}_c"] = ms, ms / ar_ms
             out[f"{role}_{spec}_first_call_s"] = first
+        if args.profile:
+            print(f"{role} AR step:")
+            out[f"{role}_profile_ar"] = kernel_profile(tgt, prompt)
+            print(f"{role} best-first:32 step:")
+            out[f"{role}_profile_bf32"] = kernel_profile(tgt, prompt, d, make_policy("best-first:32"), 16)
         if hybrid:
             out |= tree_pass_memory(tgt, prompt)
     return out
@@ -331,6 +361,7 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=164, help="small: all prompts; hf: its prompts (use --screen's)")
     ap.add_argument("--screen", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--profile", action="store_true", help="also list the heaviest kernels per step (CUPTI)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench/gpu_fastpath.py needs a CUDA GPU", file=sys.stderr)

@@ -121,16 +121,18 @@ class StaticCache:
         self.stash = {}  # GDN layer -> (k, u, G), pre-conv rows, of the last pass
         self.ctx = None
         sdt = state_dtype(dtype)
+        attn = [i for i, t in enumerate(cfg.layer_types) if t != "linear_attention"]
+        # every attention layer's K and V in one buffer: a commit moves all their rows in one go
+        self.kv = torch.zeros(len(attn), 2, 1, cfg.num_key_value_heads, max_len, cfg.head_dim, device=device,
+                              dtype=dtype)
+        for j, i in enumerate(attn):
+            self.k[i], self.v[i] = self.kv[j, 0], self.kv[j, 1]
         for i, t in enumerate(cfg.layer_types):
             if t == "linear_attention":
                 nv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
                 conv_dim = 2 * cfg.linear_num_key_heads * dk + nv * dv
                 self.h[i] = torch.zeros(nv, dk, dv, device=device, dtype=sdt)
                 self.conv[i] = torch.zeros(cfg.linear_conv_kernel_dim - 1, conv_dim, device=device, dtype=dtype)
-            else:
-                shape = (1, cfg.num_key_value_heads, max_len, cfg.head_dim)
-                self.k[i] = torch.zeros(shape, device=device, dtype=dtype)
-                self.v[i] = torch.zeros(shape, device=device, dtype=dtype)
 
     def reset(self) -> None:
         self.length.zero_()
@@ -167,14 +169,14 @@ class StaticCache:
         conv_idx = conv_windows(parents, depth, self.cfg.linear_conv_kernel_dim) if self.h else None
         self.ctx = Pass(n, slots, positions, seen, wmask, anc, parents, depth, conv_idx, commit_all)
 
-    def commit(self, path: torch.Tensor, tau: torch.Tensor) -> None:
+    def commit(self, path: torch.Tensor, tau: torch.Tensor, compact: bool = True) -> None:
         """Keep the pass's rows path[:tau] (path: [D] row indices, root first; entries past tau are
-        ignored but must be valid rows)."""
+        ignored but must be valid rows). compact=False: the path is a prefix (a chain), whose K/V
+        already sit in consecutive slots."""
         L, D = self.length, path.shape[0]
-        src, dst = L + path, L + torch.arange(D, device=path.device)
-        for i in self.k:  # gather first, then write: sources and destinations may overlap
-            self.k[i].index_copy_(2, dst, self.k[i].index_select(2, src))
-            self.v[i].index_copy_(2, dst, self.v[i].index_select(2, src))
+        if compact and self.k:  # gather first, then write: sources and destinations may overlap
+            src, dst = L + path, L + torch.arange(D, device=path.device)
+            self.kv.index_copy_(4, dst, self.kv.index_select(4, src))
         deepest = path.gather(0, (tau - 1).view(1))[0]
         for i in self.h:
             kug, mixed = self.stash[i]
@@ -206,6 +208,6 @@ def ancestors(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
     anc = torch.zeros(n, n, dtype=torch.bool, device=parents.device)
     up = idx
     for _ in range(max_depth + 1):
-        anc[idx, up] = True
+        anc.scatter_(1, up[:, None], True)
         up = parents[up]
     return anc

@@ -167,7 +167,7 @@ def _topk(spec, root, tokens, node, tr):
         size += kk * kk
     s, c, d, p = (torch.cat(t) for t in (pool_s, pool_c, pool_d, pool_p))
     keep = torch.zeros(size, dtype=torch.bool, device=dev)
-    keep[(s - EPS * d).topk(min(N, size)).indices] = True
+    keep.index_fill_(0, (s - EPS * d).topk(min(N, size)).indices, True)
     ok = keep & (s > NEG)
     for _ in range(D):  # a node is kept only with its whole root path
         ok = ok & torch.where(p >= 0, ok[p.clamp_min(0)], True)
