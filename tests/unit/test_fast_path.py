@@ -91,6 +91,7 @@ def test_tree_delta_rule_is_the_recurrence_along_each_root_path(seed, n, heads):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@torch.no_grad()
 def test_static_commit_equals_eager_commit(family):
     """A tree pass and the commit of an accepted path leave the state a chain pass over those
     tokens leaves (K/V prefix, recurrent and conv state)."""
