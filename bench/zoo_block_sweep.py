@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ar_decode import git_sha  # noqa: E402
+from common import git_sha  # noqa: E402
 
 from specpilot.engine.drafters import FeatureDrafter  # noqa: E402
 from specpilot.zoo import build as B  # noqa: E402

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ar_decode import git_sha  # noqa: E402
+from common import git_sha  # noqa: E402
 
 from specpilot.engine.checkpoint import load_model  # noqa: E402
 from specpilot.engine.decode import generate  # noqa: E402

@@ -10,10 +10,12 @@ which is the rollback to an accepted length; `commit(n, path)` keeps the tokens 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from .config import ModelConfig
-from .gdn import replay_path
+from .gdn import conv_windows, replay_path, tree_state as gdn_tree_state
 
 
 def state_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -22,11 +24,8 @@ def state_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 class Cache:
-    def __init__(self, cfg: ModelConfig, batch: int, max_len: int, device, dtype: torch.dtype,
-                 static: bool = False):
+    def __init__(self, cfg: ModelConfig, batch: int, max_len: int, device, dtype: torch.dtype):
         self.cfg, self.max_len, self.length = cfg, max_len, 0
-        # static: fixed addresses for CUDA graphs; slots = positions, every token commits in place
-        self.static = static
         self.pending = 0  # tokens written by the last forward and not yet committed
         self.k, self.v, self.h, self.conv = {}, {}, {}, {}
         self.pending_h, self.pending_conv = {}, {}  # chain passes: per-position snapshots
@@ -100,3 +99,115 @@ class Cache:
             out[f"k{i}"] = self.k[i][:, :, : self.length]
             out[f"v{i}"] = self.v[i][:, :, : self.length]
         return out
+
+
+class StaticCache:
+    """Decoding state at fixed addresses, for the static-shape path (fast.py): every buffer is
+    allocated once, the committed length is a device tensor, and a pass over n rows is described by
+    device tensors too (`plan`), so a whole speculative step can be captured as one CUDA graph.
+
+    A pass writes its rows' K/V into slots [length, length + n); rows see every committed slot and
+    their own ancestors-or-self among the new rows (a chain: every earlier row). Gated DeltaNet
+    layers run the tree form (gdn.tree_gated_delta_rule) from the committed state and keep, per
+    row, only what a commit needs (k, u, G and the pre-conv input); `commit(path, tau)` then moves
+    the accepted rows' K/V to consecutive slots and sets each recurrent state to the state after
+    the deepest accepted row. A pass planned with `commit_all` (prefill, a drafter's context rows)
+    updates the recurrent state in place and the caller advances `length` itself."""
+
+    def __init__(self, cfg: ModelConfig, max_len: int, device, dtype: torch.dtype):
+        self.cfg, self.max_len = cfg, max_len
+        self.length = torch.zeros((), dtype=torch.long, device=device)
+        self.k, self.v, self.h, self.conv = {}, {}, {}, {}
+        self.stash = {}  # GDN layer -> (k, u, G), pre-conv rows, of the last pass
+        self.ctx = None
+        sdt = state_dtype(dtype)
+        attn = [i for i, t in enumerate(cfg.layer_types) if t != "linear_attention"]
+        # every attention layer's K and V in one buffer: a commit moves all their rows in one go
+        self.kv = torch.zeros(len(attn), 2, 1, cfg.num_key_value_heads, max_len, cfg.head_dim, device=device,
+                              dtype=dtype)
+        for j, i in enumerate(attn):
+            self.k[i], self.v[i] = self.kv[j, 0], self.kv[j, 1]
+        for i, t in enumerate(cfg.layer_types):
+            if t == "linear_attention":
+                nv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+                conv_dim = 2 * cfg.linear_num_key_heads * dk + nv * dv
+                self.h[i] = torch.zeros(nv, dk, dv, device=device, dtype=sdt)
+                self.conv[i] = torch.zeros(cfg.linear_conv_kernel_dim - 1, conv_dim, device=device, dtype=dtype)
+
+    def reset(self) -> None:
+        self.length.zero_()
+        for t in (*self.h.values(), *self.conv.values()):
+            t.zero_()
+
+    def plan(self, n: int, parents: torch.Tensor | None = None, depth: torch.Tensor | None = None,
+             max_depth: int = 0, commit_all: bool = False, offset: int = 0, full: bool = False) -> None:
+        """Describe the next pass: n rows, a tree by `parents` (node 0 the root, its own parent),
+        `depth` and its largest possible depth, or a chain when parents is None (`full`: rows that
+        all see each other, as a block drafter's). `offset` places the rows that many slots past
+        the committed length, the rows between counting as committed (a drafter's own chain)."""
+        dev = self.length.device
+        idx = torch.arange(n, device=dev)
+        if parents is None:
+            parents, depth = (idx - 1).clamp_min(0), idx
+            anc = torch.ones(n, n, dtype=torch.bool, device=dev)
+            anc = anc if full else anc.tril()
+        else:
+            anc = ancestors(parents, max_depth)
+        L = self.length + offset if offset else self.length
+        slots = L + idx
+        positions = (L + depth)[None]
+        kslot = torch.arange(self.max_len, device=dev)
+        rel = kslot - L
+        new = (rel >= 0) & (rel < n)
+        relc = rel.clamp(0, n - 1)
+        seen = (kslot < L)[None, :] | (new[None, :] & anc[:, relc])  # [n, max_len]
+        window = self.cfg.sliding_window
+        wmask = None
+        if window and "sliding_attention" in self.cfg.layer_types:
+            kpos = torch.where(new, L + depth[relc], kslot)
+            wmask = seen & (kpos[None, :] > positions[0][:, None] - window)
+        conv_idx = conv_windows(parents, depth, self.cfg.linear_conv_kernel_dim) if self.h else None
+        self.ctx = Pass(n, slots, positions, seen, wmask, anc, parents, depth, conv_idx, commit_all)
+
+    def commit(self, path: torch.Tensor, tau: torch.Tensor, compact: bool = True) -> None:
+        """Keep the pass's rows path[:tau] (path: [D] row indices, root first; entries past tau are
+        ignored but must be valid rows). compact=False: the path is a prefix (a chain), whose K/V
+        already sit in consecutive slots."""
+        L, D = self.length, path.shape[0]
+        if compact and self.k:  # gather first, then write: sources and destinations may overlap
+            src, dst = L + path, L + torch.arange(D, device=path.device)
+            self.kv.index_copy_(4, dst, self.kv.index_select(4, src))
+        deepest = path.gather(0, (tau - 1).view(1))[0]
+        for i in self.h:
+            kug, mixed = self.stash[i]
+            self.h[i].copy_(gdn_tree_state(self.h[i], kug, self.ctx.anc.index_select(0, deepest.view(1))[0], deepest))
+            k1 = self.conv[i].shape[0]
+            seq = torch.cat((self.conv[i], mixed.index_select(0, path)))  # [k1 + D, C] along the path
+            self.conv[i].copy_(seq.index_select(0, tau + torch.arange(k1, device=path.device)))
+        self.length += tau
+
+
+class Pass(NamedTuple):
+    n: int
+    slots: torch.Tensor  # [n] where the rows' K/V go
+    positions: torch.Tensor  # [1, n]
+    mask: torch.Tensor  # [n, max_len] bool: slots each row attends to
+    window_mask: torch.Tensor | None  # the same for sliding-window layers
+    anc: torch.Tensor  # [n, n] bool: ancestors-or-self
+    parents: torch.Tensor  # [n], the root its own parent
+    depth: torch.Tensor  # [n]
+    conv_idx: torch.Tensor | None  # [K, n] (hybrids): each row's conv window, see gdn.conv_windows
+    commit_all: bool
+
+
+def ancestors(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """[n, n] bool: row i marks i and its ancestors (parents[0] == 0: the root is its own parent,
+    so hops past it stay there)."""
+    n = parents.shape[0]
+    idx = torch.arange(n, device=parents.device)
+    anc = torch.zeros(n, n, dtype=torch.bool, device=parents.device)
+    up = idx
+    for _ in range(max_depth + 1):
+        anc.scatter_(1, up[:, None], True)
+        up = parents[up]
+    return anc

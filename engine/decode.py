@@ -1,11 +1,14 @@
 """Greedy decoding: autoregressive, and speculative: one target pass over [newest token + a draft
 tree] (stock: the chain of the drafter's top-1 tokens) under an ancestor mask, accept the deepest
 root path whose every token equals the target's argmax at its parent, then the bonus token.
-Output is token-for-token what AR produces (up to ties broken differently by different rounding:
-see DESIGN.md §3)."""
+Output is token-for-token what AR produces (up to ties broken differently by different rounding).
+
+Two drivers share the model code: this module's eager one (the CPU, tests, the demo) and the
+static-shape one in fast.py, which `generate` hands over to whenever the target is on a CUDA device."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -70,6 +73,16 @@ def emit(out: list[int], new: list[int], eos: set[int], limit: int) -> bool:
     return False
 
 
+def static_path(target: Model, drafter: Drafter | None, policy) -> bool:
+    """Where `generate` runs the static-shape driver: a target on a CUDA device, a drafter and
+    policy it supports, and SPECPILOT_EAGER unset (the eager driver, for diagnosis)."""
+    if target.lm_head_weight.device.type != "cuda" or os.environ.get("SPECPILOT_EAGER"):
+        return False
+    from . import fast
+
+    return fast.supports(drafter, policy)
+
+
 @torch.no_grad()
 def generate(target: Model, prompt: list[int], max_new_tokens: int, drafter: Drafter | None = None,
              draft_len: int = 8, eos: set[int] | None = None, policy: Policy | None = None,
@@ -84,6 +97,11 @@ def generate(target: Model, prompt: list[int], max_new_tokens: int, drafter: Dra
     if max_new_tokens <= 0:
         return Result([])
     eos = set(target.cfg.eos_token_id) if eos is None else eos
+    if static_path(target, drafter, policy):  # CUDA: the static-shape driver and its graphs (fast.py)
+        from . import fast
+
+        dec = fast.decoder(target, drafter, draft_len, policy, logit_bias, len(prompt) + max_new_tokens)
+        return dec.generate(prompt, max_new_tokens, eos, record)
     policy = policy or trees.chain
     dev = target.lm_head_weight.device
     lookahead = max(draft_len, MAX_TREE) if drafter is not None else 0  # a pass verifies ≤ this many rows

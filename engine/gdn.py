@@ -105,3 +105,57 @@ def replay_path(stash: dict, path: list[int], h0: torch.Tensor, conv0: torch.Ten
     _, states = gated_delta_rule(*(t[idx][None] for t in stash["rule"]), h0)
     conv_in = torch.cat((conv0, stash["mixed"][idx].T[None]), dim=-1)
     return states[:, -1], conv_in[:, :, conv_in.shape[2] - conv0.shape[2]:]
+
+
+# ---- the static-shape path: trees of rows in parallel form -------------------------------------
+def tree_gated_delta_rule(q, k, v, g, beta, h0, anc):
+    """The recurrence over a tree of n rows, every row from the committed state h0 along its own
+    root path, in parallel form and without a state per row or per path.
+
+    It is the chunked form of one chunk with "earlier in the chunk" replaced by "ancestor": with G_i
+    the log-decay summed over i's ancestors-or-self, u solves (I + A) u = β(v − e^G h0ᵀk) with
+    A_ij = β_i e^{G_i−G_j} k_iᵀk_j for strict ancestors j (lower triangular: parents come first), and
+    o_i = e^{G_i} h0ᵀq_i + Σ_{j anc-or-self} e^{G_i−G_j} (k_jᵀq_i) u_j.
+
+    q, k: [n, H, Dk]; v: [n, H, Dv]; g, beta: [n, H]; h0: [H, Dk, Dv]; anc: [n, n] bool, row i
+    marks i and its ancestors. Returns o [n, H, Dv] and (k, u, G), which is all `tree_state` needs
+    to commit any row's state."""
+    n = q.shape[0]
+    G = anc.to(g.dtype) @ g  # [n, H]
+    Gh = G.T  # [H, n]
+    decay = torch.where(anc, Gh[:, :, None] - Gh[:, None, :], float("-inf")).exp()  # [H, n, n]
+    qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [H, n, D]
+    bh = beta.T[..., None]  # [H, n, 1]
+    eg = Gh.exp()[..., None]
+    rhs = bh * (vh - eg * (kh @ h0))
+    if n == 1:
+        u = rhs
+    else:
+        eye = torch.eye(n, dtype=torch.bool, device=q.device)
+        A = bh * decay.masked_fill(eye, 0.0) * (kh @ kh.transpose(-1, -2))
+        u = torch.linalg.solve_triangular(A + torch.eye(n, dtype=A.dtype, device=A.device), rhs, upper=False,
+                                          unitriangular=True)
+    o = eg * (qh @ h0) + (decay * (qh @ kh.transpose(-1, -2))) @ u
+    return o.transpose(0, 1), (k, u.transpose(0, 1), G)
+
+
+def tree_state(h0, kug, anc_row, node):
+    """The state after row `node` (a 0-d index tensor) of a `tree_gated_delta_rule` pass:
+    e^{G_d} h0 + Σ_{j anc-or-self of d} e^{G_d−G_j} k_j u_jᵀ. anc_row: [n] bool, node's ancestors-or-self."""
+    k, u, G = kug
+    Gd = G.index_select(0, node.view(1))  # [1, H]
+    w = torch.where(anc_row[:, None], (Gd - G).exp(), 0.0)  # [n, H]
+    return Gd[0].exp()[:, None, None] * h0 + torch.einsum("nhk,nh,nhv->hkv", k, w, u)
+
+
+def conv_windows(parents, depth, width: int):
+    """[width, n] row indices into cat(conv state columns (width-1 of them, oldest first), the n
+    rows' pre-conv inputs): entry [a, i] is row i's input at distance a back along its root path
+    (a ≤ depth: an ancestor's row; further back: a committed conv-state column)."""
+    n = parents.shape[0]
+    anc = torch.arange(n, device=parents.device)
+    out = []
+    for a in range(width):
+        out.append(torch.where(depth >= a, width - 1 + anc, width - 1 - (a - depth)))
+        anc = parents[anc]
+    return torch.stack(out)

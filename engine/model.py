@@ -16,9 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cache import Cache, state_dtype
+from .cache import Cache, StaticCache, state_dtype
 from .config import ModelConfig
-from .gdn import chunked_gated_delta_rule, first_occurrence, gated_delta_rule, gather_paths, pad_paths, root_paths
+from .gdn import (chunked_gated_delta_rule, first_occurrence, gated_delta_rule, gather_paths, pad_paths, root_paths,
+                  tree_gated_delta_rule)
 
 
 class RMSNorm(nn.Module):
@@ -61,14 +62,43 @@ def rope_tables(inv_freq: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype):
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+def fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for Linears that read the same input, so that a pass reads them in one
+    GEMM; each Linear's parameters become views into it (same values, same names, no extra memory).
+    Fuse after the model has its final device and dtype."""
+    w = torch.cat([m.weight.detach() for m in linears])
+    b = torch.cat([m.bias.detach() for m in linears]) if linears[0].bias is not None else None
+    at = 0
+    for m in linears:
+        m.weight = nn.Parameter(w[at : at + m.out_features], requires_grad=False)
+        if b is not None:
+            m.bias = nn.Parameter(b[at : at + m.out_features], requires_grad=False)
+        at += m.out_features
+    return w, b
+
+
+def attend(q, k, v, mask):
+    """Attention of q [1, H, n, d] over whole static buffers k, v [1, Hkv, S, d] where mask [n, S]
+    allows; query heads grouped onto their key-value head without copying the cache."""
+    B, H, n, d = q.shape
+    g = H // k.shape[1]
+    s = (q.reshape(B, k.shape[1], g * n, d) @ k.transpose(-1, -2)).to(state_dtype(q.dtype)) * d ** -0.5
+    p = s.masked_fill(~mask.repeat(g, 1), float("-inf")).softmax(-1).to(v.dtype)
+    return (p @ v).view(B, H, n, d)
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         h, i, b = cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias
         self.gate_proj, self.up_proj = nn.Linear(h, i, bias=b), nn.Linear(h, i, bias=b)
         self.down_proj = nn.Linear(i, h, bias=b)
+        self.gate_up = None  # (weight, bias) once fused
 
     def forward(self, x):
+        if self.gate_up is not None:
+            g, u = F.linear(x, *self.gate_up).chunk(2, dim=-1)
+            return self.down_proj(F.silu(g) * u)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -85,6 +115,13 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, cfg.zero_centered_norm)
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, cfg.zero_centered_norm)
+        self.qkv = None  # (weight, bias) once fused
+
+    def project(self, x):
+        if self.qkv is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return F.linear(x, *self.qkv).split([self.q_proj.out_features, self.k_proj.out_features,
+                                             self.v_proj.out_features], dim=-1)
 
     def in_window(self, kpos: torch.Tensor, qpos: torch.Tensor) -> torch.Tensor:
         """[Tq, Tk]: the key lies inside the query's sliding window (everything, without one)."""
@@ -95,25 +132,25 @@ class Attention(nn.Module):
     def forward(self, x, rope, pos, tree_mask, cache: Cache | None, start: int):
         B, T, _ = x.shape
         hd = self.cfg.head_dim
-        q = self.q_proj(x).view(B, T, -1, hd * (2 if self.cfg.attn_output_gate else 1))
+        q, k, v = self.project(x)
+        q = q.view(B, T, -1, hd * (2 if self.cfg.attn_output_gate else 1))
         gate = None
         if self.cfg.attn_output_gate:
             q, gate = q.chunk(2, dim=-1)
             gate = gate.reshape(B, T, -1)
-        k = self.k_proj(x).view(B, T, -1, hd)
-        v = self.v_proj(x).view(B, T, -1, hd).transpose(1, 2)
+        k = k.view(B, T, -1, hd)
+        v = v.view(B, T, -1, hd).transpose(1, 2)
         if self.cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotate(q.transpose(1, 2), *rope), rotate(k.transpose(1, 2), *rope)
 
-        qpos = pos[0]  # positions are shared across the batch
-        if cache is not None and cache.static:  # graph-capturable: slots are positions, keys the whole buffer
-            cache.k[self.layer].index_copy_(2, qpos, k)
-            cache.v[self.layer].index_copy_(2, qpos, v)
-            k, v = cache.k[self.layer], cache.v[self.layer]
-            kpos = torch.arange(k.shape[2], device=x.device)
-            mask = (kpos[None, :] <= qpos[:, None]) & self.in_window(kpos, qpos)
+        if isinstance(cache, StaticCache):  # fixed shapes: the whole buffer, slots and mask planned
+            ctx = cache.ctx
+            cache.k[self.layer].index_copy_(2, ctx.slots, k)
+            cache.v[self.layer].index_copy_(2, ctx.slots, v)
+            o = attend(q, cache.k[self.layer], cache.v[self.layer], ctx.window_mask if self.window else ctx.mask)
         else:  # new rows see each other by tree_mask (causal by default), and every committed slot
+            qpos = pos[0]  # positions are shared across the batch
             mask = tree_mask & self.in_window(qpos, qpos)
             if cache is not None:
                 cache.k[self.layer][:, :, start : start + T] = k
@@ -121,7 +158,7 @@ class Attention(nn.Module):
                 k = cache.k[self.layer][:, :, : start + T]
                 v = cache.v[self.layer][:, :, : start + T]
                 mask = torch.cat((self.in_window(torch.arange(start, device=x.device), qpos), mask), dim=1)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         o = o.transpose(1, 2).reshape(B, T, -1)
         if gate is not None:
             o = o * torch.sigmoid(gate)
@@ -146,6 +183,7 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(nv))
         self.norm = GatedRMSNorm(dv, cfg.rms_norm_eps)
         self.out_proj = nn.Linear(self.value_dim, cfg.hidden_size, bias=False)
+        self.in_proj = None  # (weight, None) of in_proj_qkvz and in_proj_ba once fused
 
     def split(self, x):
         """Projections in the checkpoint's per-key-head grouped layout → q, k, v, z, b, a."""
@@ -153,9 +191,13 @@ class GatedDeltaNet(nn.Module):
         B, T, _ = x.shape
         nk, r, dk, dv = c.linear_num_key_heads, c.linear_num_value_heads // c.linear_num_key_heads, \
             c.linear_key_head_dim, c.linear_value_head_dim
-        qkvz = self.in_proj_qkvz(x).view(B, T, nk, 2 * dk + 2 * r * dv)
-        q, k, v, z = torch.split(qkvz, [dk, dk, r * dv, r * dv], dim=-1)
-        b, a = torch.split(self.in_proj_ba(x).view(B, T, nk, 2 * r), [r, r], dim=-1)
+        if self.in_proj is None:
+            qkvz, ba = self.in_proj_qkvz(x), self.in_proj_ba(x)
+        else:
+            qkvz, ba = F.linear(x, *self.in_proj).split([self.in_proj_qkvz.out_features,
+                                                         self.in_proj_ba.out_features], dim=-1)
+        q, k, v, z = torch.split(qkvz.view(B, T, nk, 2 * dk + 2 * r * dv), [dk, dk, r * dv, r * dv], dim=-1)
+        b, a = torch.split(ba.view(B, T, nk, 2 * r), [r, r], dim=-1)
         return q, k, v.reshape(B, T, -1, dv), z.reshape(B, T, -1, dv), b.reshape(B, T, -1), a.reshape(B, T, -1)
 
     def rule_inputs(self, conv_out: torch.Tensor, b: torch.Tensor, a: torch.Tensor):
@@ -207,13 +249,40 @@ class GatedDeltaNet(nn.Module):
         out = self.norm(out[wp, wt].to(x.dtype)[None], z)
         return self.out_proj(out.reshape(1, N, -1)), {"mixed": mixed, "rule": (q, k, v, g, beta)}
 
+    def forward_static(self, x, cache: StaticCache, layer: int):
+        """The rows of a planned static pass (batch 1): a tree (or chain) from the committed state in
+        tree form, stashing what `StaticCache.commit` needs; a `commit_all` chain (prefill) in
+        chunked form, updating the state in place. No state is kept per row."""
+        ctx, n = cache.ctx, x.shape[1]
+        q, k, v, z, b, a = self.split(x)
+        mixed = torch.cat((q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)), dim=-1)  # [n, C] pre-conv
+        conv0 = cache.conv[layer]  # [K-1, C], oldest first
+        if ctx.commit_all:
+            conv_in = torch.cat((conv0, mixed)).T[None]  # [1, C, K-1+n]
+            q, k, v, g, beta = self.rule_inputs(self.conv(conv_in), b, a)
+            out, h = chunked_gated_delta_rule(q, k, v, g, beta, cache.h[layer][None])
+            cache.h[layer].copy_(h[0])
+            cache.conv[layer].copy_(conv_in[0, :, n:].T)
+            out = out[0]
+        else:
+            K = conv0.shape[0] + 1
+            rows = torch.cat((conv0, mixed)).index_select(0, ctx.conv_idx.flatten()).view(K, n, -1)
+            w = self.conv1d.weight[:, 0].flip(-1)  # [C, K]: column a weighs the input a rows back
+            conv_out = F.silu(torch.einsum("anc,ca->nc", rows, w))
+            q, k, v, g, beta = self.rule_inputs(conv_out, b[0], a[0])
+            out, kug = tree_gated_delta_rule(q, k, v, g, beta, cache.h[layer], ctx.anc)
+            cache.stash[layer] = (kug, mixed)
+        out = self.norm(out.to(x.dtype)[None], z)
+        return self.out_proj(out.reshape(1, n, -1))
+
 
 def run_layers(cfg: ModelConfig, layers, x, cache: Cache | None, start: int, positions, tree_mask, rope,
                feature_layers: tuple[int, ...] = ()):
     """The residual stream through `layers`; returns it and the concatenated features of feature_layers."""
     B, T, _ = x.shape
     parents = None  # a tree over the new rows (not a chain): GDN layers run its root paths
-    dynamic = cache is not None and not cache.static  # (static caches are captured in graphs: no syncs)
+    static = isinstance(cache, StaticCache)
+    dynamic = cache is not None and not static
     if cfg.is_hybrid and dynamic and not torch.equal(tree_mask, torch.ones(T, T, dtype=torch.bool,
                                                                            device=x.device).tril()):
         if B != 1:
@@ -227,6 +296,8 @@ def run_layers(cfg: ModelConfig, layers, x, cache: Cache | None, start: int, pos
         y = blk.input_layernorm(x)
         if blk.kind != "linear_attention":
             y = blk.self_attn(y, rope, positions, tree_mask, cache, start)
+        elif static:
+            y = blk.linear_attn.forward_static(y, cache, i)
         else:
             if cache is not None:
                 h0, conv0 = cache.h[i], cache.conv[i]
@@ -238,10 +309,7 @@ def run_layers(cfg: ModelConfig, layers, x, cache: Cache | None, start: int, pos
                 y, cache.pending_tree[i] = blk.linear_attn.forward_tree(y, h0, conv0, parents)
             else:
                 y, states, conv_in = blk.linear_attn(y, h0, conv0, snapshots=cache is not None)
-                if cache is not None and cache.static:  # static caches commit every token in place
-                    cache.h[i].copy_(states[:, -1])
-                    cache.conv[i].copy_(conv_in[:, :, conv_in.shape[2] - conv0.shape[2]:])
-                elif cache is not None:
+                if cache is not None:
                     cache.pending_h[i], cache.pending_conv[i] = states, conv_in
         x = x + y
         x = x + blk.mlp(blk.post_attention_layernorm(x))
@@ -289,25 +357,47 @@ class Model(nn.Module):
     def lm_head_weight(self) -> torch.Tensor:
         return self.model.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
 
-    def new_cache(self, max_len: int, batch: int = 1, static: bool = False) -> Cache:
+    def new_cache(self, max_len: int, batch: int = 1) -> Cache:
         p = self.model.embed_tokens.weight
-        return Cache(self.cfg, batch, max_len, p.device, p.dtype, static)
+        return Cache(self.cfg, batch, max_len, p.device, p.dtype)
 
-    def forward(self, tokens: torch.Tensor, cache: Cache | None = None, positions: torch.Tensor | None = None,
-                tree_mask: torch.Tensor | None = None, feature_layers: tuple[int, ...] = (),
-                logits: bool = True) -> Output:
+    def static_cache(self, max_len: int) -> StaticCache:
+        p = self.model.embed_tokens.weight
+        return StaticCache(self.cfg, max_len, p.device, p.dtype)
+
+    def fuse(self) -> Model:
+        """Read each layer's q/k/v, gate/up and GDN input projections in one GEMM each (idempotent;
+        after the last .to())."""
+        for blk in self.model.layers:
+            if blk.kind == "linear_attention":
+                gdn = blk.linear_attn
+                gdn.in_proj = gdn.in_proj or fuse([gdn.in_proj_qkvz, gdn.in_proj_ba])
+            else:
+                at = blk.self_attn
+                at.qkv = at.qkv or fuse([at.q_proj, at.k_proj, at.v_proj])
+            blk.mlp.gate_up = blk.mlp.gate_up or fuse([blk.mlp.gate_proj, blk.mlp.up_proj])
+        return self
+
+    def forward(self, tokens: torch.Tensor, cache: Cache | StaticCache | None = None,
+                positions: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None,
+                feature_layers: tuple[int, ...] = (), logits: bool | str = True) -> Output:
         """tokens [B, T]. With a cache, the T tokens follow its committed length and stay pending
         until `cache.commit`. positions default to consecutive ones; tree_mask [T, T] (row sees
-        column) defaults to causal."""
+        column) defaults to causal. A StaticCache brings its planned pass instead (positions, masks).
+        logits: True (every row), "last" (the last row only) or False."""
         B, T = tokens.shape
-        if cache is not None and cache.static and positions is None:
-            raise ValueError("a static cache needs explicit positions")
-        start = cache.reserve(T) if cache is not None and not cache.static else 0
+        start = 0
+        if isinstance(cache, StaticCache):
+            positions = cache.ctx.positions
+        elif cache is not None:
+            start = cache.reserve(T)
         if positions is None:
             positions = torch.arange(start, start + T, device=tokens.device).expand(B, T)
-        if tree_mask is None:
+        if tree_mask is None and not isinstance(cache, StaticCache):
             tree_mask = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
         x, features = run_layers(self.cfg, self.model.layers, self.model.embed_tokens(tokens), cache,
                                  start, positions, tree_mask, rope_tables(self.inv_freq, positions, self.dtype), feature_layers)
+        if logits == "last":
+            x = x[:, -1:]
         out = F.linear(self.model.norm(x), self.lm_head_weight) if logits else None
         return Output(out, features)

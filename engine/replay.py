@@ -28,24 +28,20 @@ from .drafters import Drafter, Lattice
 from .model import Model
 
 
-def make_policy(spec: str, profile: torch.Tensor | None = None):
+def make_policy(spec: str, profile: torch.Tensor | None = None) -> trees.TreePolicy:
     """A tree builder `(root, lattice) -> Tree` for a policy spec (see trees.parse_policy)."""
     name, args = trees.parse_policy(spec)
     if name != "chain" and args[-1] > MAX_TREE - 1:
         raise ValueError(f"tree policy {spec!r}: at most {MAX_TREE - 1} nodes besides the root")
-    if name == "chain":
-        return trees.chain
-    if name == "best-first":
-        return lambda root, lat: trees.best_first(root, lat, args[0])
-    if name == "topk":
-        return lambda root, lat: trees.topk(root, lat, args[0], args[1])
+    if name == "oracle":
+        raise ValueError("the oracle is a replay-only policy: it needs the target's continuation")
+    shape = None
     if name == "sequoia":
         if profile is None:
             raise ValueError("sequoia:N needs an acceptance profile: record a run (generate --record FILE) "
                              "and pass --profile FILE")
-        shape = trees.fit_sequoia(profile, args[0])
-        return lambda root, lat: trees.sequoia(root, lat, shape)
-    raise ValueError("the oracle is a replay-only policy: it needs the target's continuation")
+        shape = tuple(trees.fit_sequoia(profile, args[0]))
+    return trees.TreePolicy(name, args, shape)
 
 
 def continuations(steps: list[StepRecord], depth: int = trees.MAX_DEPTH + 1) -> list[list[int]]:

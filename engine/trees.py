@@ -70,9 +70,13 @@ class Tree:
 
 
 def _scores(lat: Lattice) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-position scores log-softmax-normalized over the top-k (missing candidates: -inf)."""
-    node = torch.log_softmax(lat.logp.double(), dim=-1)
-    trans = torch.log_softmax(lat.trans.double(), dim=-1) if lat.trans is not None else None
+    """Per-position scores log-softmax-normalized over the top-k (missing candidates: -inf, and
+    left out of the normalization)."""
+    node = torch.log_softmax(lat.logp.double().masked_fill(lat.tokens < 0, float("-inf")), dim=-1)
+    trans = None
+    if lat.trans is not None:
+        missing = lat.tokens[1 : 1 + lat.trans.shape[0], None, :] < 0
+        trans = torch.log_softmax(lat.trans.double().masked_fill(missing, float("-inf")), dim=-1)
     return node, trans
 
 
@@ -179,6 +183,25 @@ def sequoia(root: int, lat: Lattice, shape: list[tuple[int, ...]]) -> Tree:
             nodes.append((pos, cand, index[path[:-1]]))
             index[path] = len(nodes)
     return _tree(root, lat, nodes)
+
+
+@dataclass(frozen=True)
+class TreePolicy:
+    """A named policy with its arguments: called as `(root, lattice) -> Tree` by the eager driver,
+    read by the static one (treeops.spec_for)."""
+
+    name: str
+    args: tuple[int, ...] = ()
+    shape: tuple[tuple[int, ...], ...] | None = None  # sequoia: the fitted rank paths
+
+    def __call__(self, root: int, lat: Lattice) -> Tree:
+        if self.name == "best-first":
+            return best_first(root, lat, self.args[0])
+        if self.name == "topk":
+            return topk(root, lat, *self.args)
+        if self.name == "sequoia":
+            return sequoia(root, lat, list(self.shape))
+        return chain(root, lat)
 
 
 def parse_policy(spec: str) -> tuple[str, tuple[int, ...]]:

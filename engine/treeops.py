@@ -1,0 +1,208 @@
+"""Draft trees as tensors, for the static-shape path (fast.py): the policies of trees.py (chain,
+best-first, EAGLE-2 top-k, Sequoia shapes) built on the device from a lattice with a static node
+budget, and greedy acceptance, with no host round trip.
+
+A tree of R rows is `TreeRows(tokens, parents, depth, valid)`, each [R]: row 0 is the root (the
+newest token; its own parent), parents come before their children. A lattice with fewer
+candidates than the budget leaves rows invalid: never accepted, never an ancestor of a valid row.
+
+Scores are those of trees.py: log-softmax over each position's top-k, parent-conditioned where the
+lattice has Markov transitions. The device selects by `torch.topk` on score − ε·depth, which keeps
+the selection prefix-closed (a child never outranks its parent) without a sequential heap; trees
+equal trees.py's wherever no two candidates tie exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from . import trees
+
+EPS = 1e-9  # per depth: a child (score ≤ its parent's) always ranks below its parent
+NEG = float("-inf")
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    """A policy's static description: `nodes` rows besides the root, at most `max_depth` deep."""
+
+    kind: str  # chain | best-first | topk | sequoia
+    nodes: int
+    max_depth: int
+    beam: int = 0  # topk: K
+    shape: tuple[tuple[int, int, int], ...] = ()  # sequoia: (position, candidate rank, parent row)
+
+    @property
+    def rows(self) -> int:
+        return self.nodes + 1
+
+
+def spec_for(name: str, args: tuple[int, ...], positions: int, profile_shape=None) -> TreeSpec:
+    """The static tree of policy (name, args) over a lattice of `positions` drafted positions."""
+    depth = min(positions, trees.MAX_DEPTH)
+    if name == "chain":
+        return TreeSpec("chain", positions, positions)
+    if name == "best-first":
+        return TreeSpec("best-first", args[0], depth)
+    if name == "topk":
+        return TreeSpec("topk", args[1], depth, beam=args[0])
+    if name == "sequoia":
+        index, nodes = {(): 0}, []
+        for path in sorted(profile_shape, key=lambda p: (len(p), p)):
+            if path[:-1] in index:
+                nodes.append((len(path) - 1, path[-1], index[path[:-1]]))
+                index[path] = len(nodes)
+        return TreeSpec("sequoia", len(nodes), max((p for p, _, _ in nodes), default=-1) + 1, shape=tuple(nodes))
+    raise ValueError(f"tree policy {name!r} has no static form")
+
+
+class TreeRows(NamedTuple):
+    tokens: torch.Tensor  # [R] long (root token at 0)
+    parents: torch.Tensor  # [R] long, parents[0] == 0
+    depth: torch.Tensor  # [R] long
+    valid: torch.Tensor  # [R] bool
+
+
+def scores(tokens: torch.Tensor, logp: torch.Tensor, trans: torch.Tensor | None):
+    """trees.py's normalized scores in float64, missing candidates (token < 0) at -inf."""
+    node = torch.log_softmax(logp.double().masked_fill(tokens < 0, NEG), dim=-1)
+    if trans is None:
+        return node, None
+    tr = torch.log_softmax(trans.double().masked_fill(tokens[1:, None, :] < 0, NEG), dim=-1)
+    return node, tr
+
+
+def sequoia_tables(spec: TreeSpec, device) -> tuple[torch.Tensor, ...]:
+    """(position, rank, parent row) of a Sequoia spec's nodes as device tensors, made once (a
+    captured step may not copy from the host)."""
+    return tuple(torch.tensor([s[i] for s in spec.shape], dtype=torch.long, device=device) for i in range(3))
+
+
+def build(spec: TreeSpec, root: torch.Tensor, tokens: torch.Tensor, logp: torch.Tensor,
+          trans: torch.Tensor | None = None, tables: tuple[torch.Tensor, ...] | None = None) -> TreeRows:
+    """The spec's tree over a lattice (tokens, logp [m, k], trans [m-1, k, k] or None); root: [1];
+    tables: `sequoia_tables(spec)` for Sequoia specs."""
+    if spec.kind == "chain":
+        return _chain(spec, root, tokens)
+    if spec.kind == "sequoia":
+        return _sequoia(spec, root, tokens, tables or sequoia_tables(spec, tokens.device))
+    node, tr = scores(tokens, logp, trans)
+    return (_best_first if spec.kind == "best-first" else _topk)(spec, root, tokens, node, tr)
+
+
+def _rows(root, tokens, pos, cand, parents, depth, valid) -> TreeRows:
+    """Assemble R rows from per-node (pos, cand, parent row, depth, valid), node i → row i+1."""
+    dev = tokens.device
+    tok = tokens[pos.clamp(0, tokens.shape[0] - 1), cand].clamp_min(0)
+    zero = torch.zeros(1, dtype=torch.long, device=dev)
+    return TreeRows(torch.cat((root.view(1), tok)), torch.cat((zero, parents)), torch.cat((zero, depth)),
+                    torch.cat((torch.ones(1, dtype=torch.bool, device=dev), valid)))
+
+
+def _chain(spec, root, tokens):
+    m, dev = spec.nodes, tokens.device
+    idx = torch.arange(m, device=dev)
+    valid = (tokens[:m, 0] >= 0).long().cumprod(0).bool()
+    return _rows(root, tokens, idx, torch.zeros_like(idx), idx, idx + 1, valid)
+
+
+def _sequoia(spec, root, tokens, tables):
+    dev, m = tokens.device, tokens.shape[0]
+    pos, cand, par = tables
+    ok = (pos < m) & (tokens[pos.clamp(max=m - 1), cand] >= 0)
+    valid = torch.cat((torch.ones(1, dtype=torch.bool, device=dev), ok))
+    for _ in range(spec.max_depth):  # a node needs its whole root path
+        valid = valid & valid[torch.cat((torch.zeros(1, dtype=torch.long, device=dev), par))]
+    return _rows(root, tokens, pos, cand, par, pos + 1, valid[1:])
+
+
+def _best_first(spec, root, tokens, node, tr):
+    """Beam of the W best nodes per depth (W = budget: the global best W are among them, since a
+    node's parent outranks it), then the W best of all depths, ordered depth-major."""
+    W, D, K, dev = spec.nodes, spec.max_depth, tokens.shape[1], tokens.device
+    s = node[0]
+    if K < W:
+        s = torch.cat((s, s.new_full((W - K,), NEG)))
+    fs, order = s.topk(W)
+    fc, fp = order.clamp(max=K - 1), torch.zeros(W, dtype=torch.long, device=dev)
+    pool_s, pool_c, pool_p = [fs], [fc], [fp]
+    for d in range(1, D):
+        step = tr[d - 1][fc] if tr is not None else node[d].expand(W, K)  # [W, K]
+        fs, order = (fs[:, None] + step).flatten().topk(W)
+        fc, fp = order % K, order // K
+        pool_s.append(fs), pool_c.append(fc), pool_p.append(fp)
+    flat = torch.cat(pool_s)  # [D·W], depth-major
+    depth = torch.arange(D, device=dev).repeat_interleave(W) + 1
+    _, sel = (flat - EPS * depth).topk(W)
+    sel = sel.sort().values  # depth-major: parents first
+    d_sel = depth[sel]
+    row_of = torch.zeros(D * W, dtype=torch.long, device=dev)
+    row_of[sel] = torch.arange(1, W + 1, device=dev)
+    parent_flat = (d_sel - 2).clamp_min(0) * W + torch.cat(pool_p)[sel]
+    parents = torch.where(d_sel == 1, 0, row_of[parent_flat])
+    return _rows(root, tokens, d_sel - 1, torch.cat(pool_c)[sel], parents, d_sel, flat[sel] > NEG)
+
+
+def _topk(spec, root, tokens, node, tr):
+    """EAGLE-2: a beam of K per depth, each expanded by its K best children; the N best of the
+    pool; only nodes whose whole root path was kept."""
+    Kb, D, N, K, dev = spec.beam, spec.max_depth, spec.nodes, tokens.shape[1], tokens.device
+    kk = min(Kb, K)
+    bs, bc = node[0].topk(kk)
+    pool_s, pool_c, pool_d, pool_p = [bs], [bc], [torch.ones(kk, dtype=torch.long, device=dev)], \
+        [torch.full((kk,), -1, dtype=torch.long, device=dev)]
+    beam, size = torch.arange(kk, device=dev), kk
+    for pos in range(1, D):
+        step = tr[pos - 1][bc] if tr is not None else node[pos].expand(kk, K)
+        cs, cc = (bs[:, None] + step).topk(kk, dim=1)  # [kk, kk]: each beam node's best children
+        cs, cc = cs.flatten(), cc.flatten()
+        pool_s.append(cs), pool_c.append(cc)
+        pool_d.append(torch.full((kk * kk,), pos + 1, dtype=torch.long, device=dev))
+        pool_p.append(beam.repeat_interleave(kk))
+        top = cs.topk(kk).indices
+        beam, bs, bc = size + top, cs[top], cc[top]
+        size += kk * kk
+    s, c, d, p = (torch.cat(t) for t in (pool_s, pool_c, pool_d, pool_p))
+    keep = torch.zeros(size, dtype=torch.bool, device=dev)
+    keep.index_fill_(0, (s - EPS * d).topk(min(N, size)).indices, True)
+    ok = keep & (s > NEG)
+    for _ in range(D):  # a node is kept only with its whole root path
+        ok = ok & torch.where(p >= 0, ok[p.clamp_min(0)], True)
+    idx = torch.arange(size, device=dev)
+    sel = torch.where(ok, idx, idx + size).topk(min(N, size), largest=False).indices.sort().values
+    row_of = torch.zeros(size, dtype=torch.long, device=dev)
+    row_of[sel] = torch.arange(1, sel.shape[0] + 1, device=dev)
+    parents = torch.where(p[sel] >= 0, row_of[p[sel].clamp_min(0)], 0)
+    rows = _rows(root, tokens, d[sel] - 1, c[sel], parents, d[sel], ok[sel])
+    if sel.shape[0] < N:  # a pool smaller than the budget: pad with invalid rows
+        pad = N - sel.shape[0]
+        z = torch.zeros(pad, dtype=torch.long, device=dev)
+        rows = TreeRows(torch.cat((rows.tokens, z)), torch.cat((rows.parents, z)), torch.cat((rows.depth, z + 1)),
+                        torch.cat((rows.valid, z.bool())))
+    return rows
+
+
+def accept(tree: TreeRows, argmax: torch.Tensor, anc: torch.Tensor, path_len: int):
+    """Greedy acceptance on the device: a row is accepted when it and every ancestor below the
+    root hold the target's argmax at their parent (of matching siblings, the first). Returns the
+    accepted rows by depth, [path_len] (past τ: the root, a harmless index), and τ (0-d)."""
+    R, dev = tree.tokens.shape[0], tree.tokens.device
+    idx = torch.arange(R, device=dev)
+    match = tree.valid & (tree.tokens == argmax[tree.parents]) & (idx > 0)
+    earlier = (tree.parents[:, None] == tree.parents[None, :]) & (idx[None, :] < idx[:, None]) & match[None, :]
+    match = (match & ~earlier.any(1)) | (idx == 0)
+    acc = ~(anc & ~match[None, :]).any(1)
+    path = torch.zeros(path_len + 1, dtype=torch.long, device=dev)
+    path.scatter_(0, torch.where(acc, tree.depth.clamp(max=path_len - 1), path_len), idx)
+    return path[:path_len], acc.sum()
+
+
+def to_tree(rows: TreeRows) -> trees.Tree:
+    """The valid rows as a trees.Tree (host; for records)."""
+    tok, par, val = rows.tokens.tolist(), rows.parents.tolist(), rows.valid.tolist()
+    keep = [i for i in range(len(tok)) if val[i]]
+    at = {r: j for j, r in enumerate(keep)}
+    return trees.Tree(tuple(tok[r] for r in keep), tuple(-1 if r == 0 else at[par[r]] for r in keep))

@@ -1,0 +1,235 @@
+"""The static-shape driver (engine/fast.py), run eagerly on the CPU in float64: its pieces against
+their eager counterparts (device trees vs trees.py, the tree form of the delta rule vs the
+recurrence, a static commit vs the eager cache's), and whole decoding against AR, step by step
+against the eager driver for every device drafter, and deep into accepted paths."""
+
+import random
+from functools import lru_cache
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+from specpilot.engine import treeops, trees
+from specpilot.engine.decode import generate
+from specpilot.engine.drafters import TOP_K, DraftLM, Drafter, FeatureDrafter, Lattice, NgramDrafter
+from specpilot.engine.fast import FastDecoder
+from specpilot.engine.gdn import gated_delta_rule, root_paths, tree_gated_delta_rule, tree_state
+from specpilot.engine.replay import make_policy
+from specpilot.engine.synthetic import FAMILIES, perturbed, random_drafter_net, random_model, tiny_config
+
+POLICIES = ("chain", "best-first:12", "best-first:40", "topk:3:10", "topk:4:40", "sequoia:12")
+PROFILE = torch.tensor([[0.6, 0.2, 0.1, 0.05]] * 15, dtype=torch.float64)
+
+
+def lattice(m, k, seed, markov, holes=False):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.stack([torch.randperm(60, generator=g)[:k] for _ in range(m)])
+    logp = torch.log_softmax(torch.randn(m, k, generator=g, dtype=torch.float64) * 2, -1).sort(-1, True).values
+    if holes:  # fewer candidates than k at some positions (an n-gram lattice's shape)
+        cut = torch.randint(1, k + 1, (m,), generator=g)
+        for i, c in enumerate(cut.tolist()):
+            tokens[i, c:], logp[i, c:] = -1, float("-inf")
+    trans = torch.randn(m - 1, k, k, generator=g, dtype=torch.float64) * 2 if markov and m > 1 else None
+    return Lattice(tokens, logp, trans)
+
+
+def root_path_tokens(tokens, parents):
+    """The set of root paths (as token tuples) of a tree."""
+    paths = {0: ()}
+    for i in range(1, len(tokens)):
+        paths[i] = paths[parents[i]] + (tokens[i],)
+    return {paths[i] for i in range(1, len(tokens))}
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), m=st.integers(1, 15), markov=st.booleans(), holes=st.booleans(),
+       policy=st.sampled_from(POLICIES))
+def test_device_trees_equal_host_trees(seed, m, markov, holes, policy):
+    lat = lattice(m, TOP_K, seed, markov, holes)
+    pol = make_policy(policy, PROFILE)
+    host = pol(7, lat)
+    spec = treeops.spec_for(pol.name, pol.args, m, pol.shape)
+    rows = treeops.build(spec, torch.tensor([7]), lat.tokens, lat.logp, lat.trans)
+    assert rows.tokens.shape[0] == spec.rows  # the static budget, whatever the lattice
+    tree = treeops.to_tree(rows)
+    assert tree.tokens[0] == 7 and all(tree.parents[i] < i for i in range(1, len(tree)))
+    assert root_path_tokens(tree.tokens, tree.parents) == root_path_tokens(host.tokens, host.parents)
+    assert max(tree.depths) <= spec.max_depth
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 24), heads=st.integers(1, 3))
+def test_tree_delta_rule_is_the_recurrence_along_each_root_path(seed, n, heads):
+    g = torch.Generator().manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
+    q, k, v = rnd(n, heads, 5), F.normalize(rnd(n, heads, 5), dim=-1), rnd(n, heads, 4)
+    gate, beta = -torch.rand(n, heads, generator=g, dtype=torch.float64) * 2, torch.rand(n, heads, generator=g,
+                                                                                          dtype=torch.float64)
+    h0 = rnd(heads, 5, 4)
+    par = torch.tensor([0] + parents[1:])
+    anc = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while True:
+            anc[i, j] = True
+            if j == 0:
+                break
+            j = parents[j]
+    out, kug = tree_gated_delta_rule(q, k, v, gate, beta, h0, anc)
+    for path in root_paths(parents):
+        idx = torch.tensor(path)
+        ref_o, ref_h = gated_delta_rule(q[idx][None], k[idx][None], v[idx][None], gate[idx][None], beta[idx][None],
+                                        h0[None])
+        torch.testing.assert_close(out[idx], ref_o[0], rtol=1e-10, atol=1e-10)
+        for t, node in enumerate(path):
+            torch.testing.assert_close(tree_state(h0, kug, anc[node], torch.tensor(node)), ref_h[0, t],
+                                       rtol=1e-10, atol=1e-10)
+    assert par.shape[0] == n
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@torch.no_grad()
+def test_static_commit_equals_eager_commit(family):
+    """A tree pass and the commit of an accepted path leave the state a chain pass over those
+    tokens leaves (K/V prefix, recurrent and conv state)."""
+    tgt = random_model(tiny_config(family, vocab=61), seed=3, dtype=torch.float64)
+    prompt = torch.tensor([[5, 9, 2, 7, 7, 1]])
+    parents, tokens = [-1, 0, 0, 1, 1, 3, 2, 5], [4, 8, 3, 6, 1, 9, 2, 4]
+    path = [0, 1, 3, 5, 7]
+    st_ = tgt.static_cache(64)
+    st_.plan(6, commit_all=True)
+    tgt(prompt, st_, logits=False)
+    st_.length.fill_(6)
+    par, depth = torch.tensor([0] + parents[1:]), torch.tensor(trees.Tree(tuple(tokens), tuple(parents)).depths)
+    st_.plan(8, par, depth, max_depth=4)
+    tgt(torch.tensor([tokens]), st_)
+    st_.commit(torch.tensor(path + [0, 0, 0]), torch.tensor(len(path)))
+    ref = tgt.new_cache(64)
+    tgt(torch.cat((prompt, torch.tensor([[tokens[i] for i in path]])), 1), ref)
+    ref.commit(6 + len(path))
+    assert int(st_.length) == ref.length
+    for i in ref.k:
+        torch.testing.assert_close(st_.k[i][:, :, : ref.length], ref.k[i][:, :, : ref.length])
+        torch.testing.assert_close(st_.v[i][:, :, : ref.length], ref.v[i][:, :, : ref.length])
+    for i in ref.h:
+        torch.testing.assert_close(st_.h[i], ref.h[i][0], rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(st_.conv[i], ref.conv[i][0].T)
+
+
+class Oracle(Drafter):
+    """A host drafter that knows the target's continuation and proposes it, each position's top-1
+    wrong with probability p (the true token then at a lower rank or missing)."""
+
+    kind = "oracle"
+
+    def __init__(self, cont: list[int], prompt_len: int, p: float, seed: int, markov: bool = False):
+        self.cont, self.P, self.p, self.rng, self.markov = cont, prompt_len, p, random.Random(seed), markov
+
+    def reset(self, max_len):
+        self.seen = 0
+
+    def observe(self, committed, next_tokens, feats=None):
+        self.seen += len(committed)
+
+    def propose(self, m):
+        at = self.seen - self.P + 1  # index of the first drafted token in the continuation
+        tok = torch.full((m, TOP_K), -1, dtype=torch.long)
+        logp = torch.full((m, TOP_K), float("-inf"), dtype=torch.float64)
+        for i in range(m):
+            true = self.cont[at + i] if at + i < len(self.cont) else 0
+            others = [t for t in self.rng.sample(range(97), 6) if t != true][:4]
+            r = self.rng.randrange(1, 6) if self.rng.random() < self.p else 0
+            cands = (others[:r] + [true] + others[r:])[:5]
+            tok[i, : len(cands)] = torch.tensor(cands)
+            logp[i, : len(cands)] = torch.tensor(sorted((self.rng.uniform(-4, 0) for _ in cands), reverse=True),
+                                                 dtype=torch.float64)
+        trans = torch.randn(m - 1, TOP_K, TOP_K, dtype=torch.float64) if self.markov and m > 1 else None
+        return Lattice(tok, logp, trans)
+
+
+@lru_cache(maxsize=None)
+def target(family):
+    return random_model(tiny_config(family, vocab=97), seed=1, dtype=torch.float64)
+
+
+PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
+
+
+@lru_cache(maxsize=None)
+def continuation(family, n=60):
+    return generate(target(family), PROMPT, n, eos=set()).tokens
+
+
+@settings(max_examples=24, deadline=None)
+@given(family=st.sampled_from(FAMILIES), policy=st.sampled_from(POLICIES), p=st.sampled_from([0.02, 0.15, 0.4]),
+       draft_len=st.integers(4, 15), markov=st.booleans(), seed=st.integers(0, 1000))
+def test_static_driver_is_lossless_deep_into_accepted_paths(family, policy, p, draft_len, markov, seed):
+    tgt, ar = target(family), continuation(family)
+    dec = FastDecoder(tgt, Oracle(ar, len(PROMPT), p, seed, markov), draft_len, make_policy(policy, PROFILE),
+                      max_len=256, graphs=False)
+    res = dec.generate(PROMPT, len(ar), eos=set())
+    assert res.tokens == ar
+    taus = [s.tau for s in res.steps]
+    assert max(taus) >= min(draft_len, 6)  # the test went deep: long paths were accepted and committed
+    assert all(1 <= t <= dec.path_len for t in taus)
+
+
+def device_drafter(kind, tgt):
+    if kind == "draft_lm":
+        base = tgt if not tgt.cfg.is_hybrid else target("llama")
+        return DraftLM(perturbed(base, 3, 0.05))
+    if kind == "ngram":
+        return NgramDrafter()
+    return FeatureDrafter(random_drafter_net(kind, tgt.cfg, seed=4, dtype=torch.float64, block=8), tgt)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("kind", ["sequential", "block", "block_markov", "draft_lm", "ngram"])
+def test_static_drafters_propose_what_eager_ones_do(family, kind):
+    """Step by step, the same lattices and the same τ as the eager driver (but the last steps,
+    where the eager driver drafts fewer positions near the token limit), and AR's tokens."""
+    tgt = target(family)
+    d = device_drafter(kind, tgt)
+    prompt = [1, 2, 3, 1, 2, 3, 4, 5]
+    pol = make_policy("best-first:12")
+    fast, eager = [], []
+    res = FastDecoder(tgt, d, 6, pol, max_len=256, graphs=False).generate(prompt, 40, eos=set(), record=fast)
+    generate(tgt, prompt, 40, d, 6, policy=pol, eos=set(), record=eager)
+    assert res.tokens == generate(tgt, prompt, 40, eos=set()).tokens
+    full = [i for i, (a, b) in enumerate(zip(fast, eager)) if a.room >= 6]
+    assert len(full) >= 3
+    for i in full:
+        a, b = fast[i].lattice, eager[i].lattice
+        m = b.positions
+        assert torch.equal(a.tokens[:m], b.tokens)
+        torch.testing.assert_close(a.logp[:m], b.logp)
+        assert (a.trans is None) == (b.trans is None)
+        assert fast[i].tau == eager[i].tau
+        assert root_path_tokens(fast[i].tree_tokens, treeops_parents(fast[i])) == \
+            root_path_tokens(eager[i].tree_tokens, treeops_parents(eager[i]))
+
+
+def treeops_parents(rec):
+    """Parents of a recorded tree, rebuilt from the policy over the recorded lattice."""
+    return make_policy("best-first:12")(rec.tree_tokens[0], rec.lattice).parents if rec.lattice is not None \
+        else (-1,)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_static_ar_and_bias_equal_eager(family):
+    tgt = target(family)
+    prompt = [7, 7, 3, 8]
+    bias = torch.zeros(97, dtype=torch.float64)
+    bias[[5, 11]] = 2.0
+    assert FastDecoder(tgt, max_len=128, graphs=False).generate(prompt, 30).tokens == generate(tgt, prompt, 30).tokens
+    biased = FastDecoder(tgt, max_len=128, graphs=False, logit_bias=bias).generate(prompt, 30, eos=set())
+    assert biased.tokens == generate(tgt, prompt, 30, eos=set(), logit_bias=bias).tokens
+
+
+def test_capacity_is_checked():
+    dec = FastDecoder(target("llama"), max_len=64, graphs=False)
+    with pytest.raises(ValueError, match="capacity"):
+        dec.generate(list(range(40)), 30)
