@@ -16,6 +16,7 @@ the gRPC GPU worker runs where only torch, grpcio, protobuf and prometheus-clien
 from __future__ import annotations
 
 import json
+import re
 import select
 import subprocess
 import sys
@@ -59,10 +60,9 @@ class SystemProcess:
             pass
         self.close()
         self.log.seek(0)
-        tail = self.log.read()[-800:]
         why = (f"no answer within {self.timeout} s" if not ready else "the worker exited" if not line
                else "the worker wrote something else than a JSON line")
-        raise RuntimeError(f"worker on {self.device}: {what} failed ({why}). Its last output:\n{tail}")
+        raise RuntimeError(f"worker on {self.device}: {what} failed ({why}): {last_error(self.log.read())}")
 
     def call(self, msg: dict, what: str) -> dict:
         with self._lock:  # one request at a time on the child's pipe
@@ -99,6 +99,14 @@ class SystemProcess:
         if self._on_close is not None:
             on_close, self._on_close = self._on_close, None
             on_close()
+
+
+def last_error(log: str) -> str:
+    """What a child's stderr says went wrong, on one line: the last exception line of a traceback,
+    else its last line."""
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b", ln)]
+    return (errors or lines or ["it printed nothing"])[-1][:500]
 
 
 def code_tree(repo: Path | str, base_rev: str, patch: str) -> str:
