@@ -354,7 +354,7 @@ def decoder(target: Model, drafter: Drafter | None, draft_len: int, policy, logi
     mine = _DECODERS.setdefault(target, {})
     dec = mine.get(key)
     if dec is None or dec.capacity < need:
-        size = 512
+        size = 1024  # room for most prompts at once: a larger decoder means a new capture (and compile)
         while size - max(draft_len + 1, MAX_TREE) - trees.MAX_DEPTH - 2 < need:  # rows + path + root
             size *= 2
         mine.pop(key, None)
