@@ -360,12 +360,20 @@ def part_hf(args) -> dict:
     return out
 
 
+FIGURES = ("copy_bandwidth_TBps", "floor_ms_per_token", "ar_ms_per_token", "ar_floor_fraction", "step16_ms", "c16",
+           "step64_ms", "c64", "small_ar_tok_s", "small_best_tok_s", "small_best_policy", "spec_over_ar",
+           "best_on_screen_tok_s", "forcing_passed", "hf_eager_tok_s", "hf_assisted_tok_s", "hf_prompt_lookup_tok_s")
+
+
 def part_merge(args) -> dict:
+    """Runs on any machine: device, date and commit come from the parts (each part keeps its own)."""
     parts = [json.loads(Path(p).read_text()) for p in args.parts]
-    out = header() | {"parts": {p.get("part", str(i)): p for i, p in enumerate(parts)}}
+    out = {"command": " ".join(["python"] + sys.argv)}
+    for key in ("device", "date", "git_sha"):
+        out[key] = ", ".join(dict.fromkeys(str(p.get(key)) for p in parts))
+    out["parts"] = {p.get("part", str(i)): p for i, p in enumerate(parts)}
     for p in parts:
-        out |= {k: v for k, v in p.items() if not isinstance(v, (dict, list)) and k not in
-                ("command", "device", "date", "git_sha", "torch", "part", "compile")}
+        out |= {k: p[k] for k in FIGURES if k in p}
     small, hf = (next((p for p in parts if p.get("part") == k), None) for k in ("small", "hf"))
     if small and hf:  # the same first prompts on both sides: the best system as screened there
         if (small["screen_prompts"], small["new_tokens"]) != (hf["prompts"], hf["new_tokens"]):
@@ -386,7 +394,7 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--profile", action="store_true", help="also list the heaviest kernels per step (CUPTI)")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
+    if args.part != "merge" and not torch.cuda.is_available():
         print("bench/gpu_fastpath.py needs a CUDA GPU", file=sys.stderr)
         return 2
     fn = {"eight-b": part_eight_b, "small-shape": part_small_shape, "small": part_small, "hf": part_hf,

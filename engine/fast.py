@@ -207,7 +207,10 @@ class FastDecoder:
     def _step(self):
         tree = self._tree()
         R = self.spec.rows
-        self.cache.plan(R, tree.parents, tree.depth, self.spec.max_depth)
+        if self.spec.kind == "chain":  # a chain's ancestors are every earlier row
+            self.cache.plan(R)
+        else:
+            self.cache.plan(R, tree.parents, tree.depth, self.spec.max_depth)
         out = self.target(tree.tokens[None], self.cache, feature_layers=self.layers)
         logits = out.logits[0] if self.bias is None else out.logits[0] + self.bias
         argmax = logits.argmax(-1)

@@ -226,3 +226,22 @@ def test_capacity_is_checked():
     dec = FastDecoder(target("llama"), max_len=64, graphs=False)
     with pytest.raises(ValueError, match="capacity"):
         dec.generate(list(range(40)), 30)
+
+
+def test_static_profile_splits_each_step_by_kernel_class():
+    """profile_static: every step of the decoder carries the same device split, the classes the
+    system has are timed (a dense target has no recurrent class), `other` holds the rest."""
+    from specpilot.engine import profiler
+
+    tgt = target("llama")
+    d = FeatureDrafter(random_drafter_net("block_markov", tgt.cfg, seed=4, dtype=torch.float64, block=8), tgt)
+    res = profiler.profile_static(tgt, PROMPT, 20, d, 6, make_policy("best-first:12"), eos=set(), graphs=False)
+    assert res.tokens == continuation("llama")[:20] and res.steps
+    for s in res.steps:
+        assert s.n == 13 and set(s.kernels) == set(profiler.KERNEL_CLASSES)
+        assert s.kernels["recurrent"].seconds == 0.0
+        for c in ("target_linear", "lm_head", "attention", "drafter", "tree_build", "sampling_acceptance"):
+            assert s.kernels[c].seconds > 0.0, c
+        assert s.kernels["target_linear"].bytes >= sum(p.numel() * 8 for p in tgt.model.layers.parameters()
+                                                       if p.dim() == 2)
+        assert s.kernels["other"].seconds == pytest.approx(max(s.t_step - s.profiled_seconds, 0.0))
