@@ -75,7 +75,10 @@ class Cache:
                 raise ValueError("a chain pass commits a prefix; only a tree pass commits a path")
             else:
                 k1 = self.cfg.linear_conv_kernel_dim - 1
-                self.h[i] = self.pending_h[i][:, n - 1].clone()
+                states = self.pending_h[i]
+                if states.shape[1] != self.pending and n != self.pending:
+                    raise ValueError("a pass run with commit_all keeps only its final state: commit all its tokens")
+                self.h[i] = states[:, n - 1 - (self.pending - states.shape[1])].clone()
                 self.conv[i] = self.pending_conv[i][:, :, n : n + k1].clone()
         self.length += n
         self.pending = 0

@@ -245,3 +245,25 @@ def test_static_profile_splits_each_step_by_kernel_class():
         assert s.kernels["target_linear"].bytes >= sum(p.numel() * 8 for p in tgt.model.layers.parameters()
                                                        if p.dim() == 2)
         assert s.kernels["other"].seconds == pytest.approx(max(s.t_step - s.profiled_seconds, 0.0))
+
+
+@pytest.mark.parametrize("family", ["hybrid", "llama"])
+@torch.no_grad()
+def test_prefill_committed_whole_keeps_only_the_final_state(family):
+    """commit_all: the chunked form's final state, not a state per position, and the same cache."""
+    tgt = target(family)
+    ids = torch.tensor([PROMPT * 3])
+    whole, snap = tgt.new_cache(64), tgt.new_cache(64)
+    a = tgt(ids, whole, commit_all=True).logits
+    b = tgt(ids, snap).logits
+    assert all(whole.pending_h[i].shape[1] == 1 for i in whole.pending_h)  # no per-position snapshot
+    whole.commit(ids.shape[1])
+    snap.commit(ids.shape[1])
+    torch.testing.assert_close(a, b)
+    for k, v in snap.state().items():
+        torch.testing.assert_close(whole.state()[k], v, rtol=1e-10, atol=1e-10)
+    if tgt.cfg.is_hybrid:
+        again = tgt.new_cache(64)
+        tgt(ids, again, commit_all=True)
+        with pytest.raises(ValueError, match="commit all"):
+            again.commit(3)
