@@ -58,9 +58,12 @@ def header() -> dict:
 
 def clocks() -> dict:
     """SM and memory clocks as nvidia-smi reads them now (left as they are)."""
-    r = subprocess.run(["nvidia-smi", "--query-gpu=index,clocks.sm,clocks.mem,clocks.max.sm",
-                        "--format=csv,noheader,nounits"], capture_output=True, text=True)
-    return {"nvidia_smi": r.stdout.strip()} if r.returncode == 0 else {}
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=index,clocks.sm,clocks.mem,clocks.max.sm",
+                            "--format=csv,noheader,nounits"], capture_output=True, text=True)
+    except OSError:
+        return {}
+    return {"index,sm_MHz,mem_MHz,max_sm_MHz": r.stdout.strip()} if r.returncode == 0 else {}
 
 
 def copy_bandwidth(gb: float = 4.0) -> float:
@@ -250,47 +253,66 @@ def requests(n: int, new_tokens: int):
     return [r.__class__(**{**r.__dict__, "max_new_tokens": new_tokens}) for r in humaneval(n)]
 
 
-def run_system(zoo: Path, mode: str, drafter: str | None, tree: str, reqs, draft_len: int = 16) -> dict:
-    """One system through Engine.run (the path `specpilot generate` and the worker take)."""
-    from specpilot.engine.engine import Engine, EngineConfig
+class System:
+    """One system through Engine (the path `specpilot generate` and the worker take), built once."""
 
-    cfg = EngineConfig(target=str(zoo / "dense"), drafter=str(zoo / drafter) if drafter and drafter != "ngram"
-                       else drafter, mode=mode, tree=tree, draft_len=draft_len, dtype="bfloat16", device="cuda",
-                       max_new_tokens=reqs[0].max_new_tokens)
-    t = time.perf_counter()
-    eng = Engine(cfg)
-    eng.generate(reqs[0])  # build, compile, capture
-    first = time.perf_counter() - t
-    res = eng.run(reqs)
-    return {"system": f"{mode}:{drafter}:{tree}" if mode != "ar" else "ar", "tokens_per_s": res["tokens_per_s"],
-            "tau_mean": res["tau_mean"], "first_call_s": first,
-            "outputs": [{"id": o["id"], "tokens": o["tokens"]} for o in res["outputs"]]}
+    def __init__(self, zoo: Path, mode: str, drafter: str | None, tree: str, new_tokens: int, draft_len: int = 16):
+        from specpilot.engine.engine import Engine, EngineConfig
+
+        path = str(zoo / drafter) if drafter and drafter != "ngram" else drafter
+        self.name = "ar" if mode == "ar" else f"{mode}:{drafter}:{tree}"
+        self.engine = Engine(EngineConfig(target=str(zoo / "dense"), drafter=path, mode=mode, tree=tree,
+                                          draft_len=draft_len, dtype="bfloat16", device="cuda",
+                                          max_new_tokens=new_tokens))
+
+    def run(self, reqs) -> dict:
+        t = time.perf_counter()
+        self.engine.generate(reqs[0])  # the first call builds, compiles and captures
+        first = time.perf_counter() - t
+        res = self.engine.run(reqs)
+        return {"system": self.name, "tokens_per_s": res["tokens_per_s"], "tau_mean": res["tau_mean"],
+                "first_call_s": first, "outputs": [{"id": o["id"], "tokens": o["tokens"]} for o in res["outputs"]]}
 
 
-SCREEN = [("chain", "dense-block-markov", "chain"), ("tree", "dense-block-markov", "best-first:16"),
-          ("tree", "dense-block-markov", "best-first:32"), ("tree", "dense-block-markov", "best-first:63"),
-          ("tree", "dense-block", "best-first:32"), ("chain", "dense-sequential", "chain"),
-          ("tree", "dense-sequential", "best-first:32"), ("chain", "dense-draft-lm", "chain"),
-          ("chain", "ngram", "chain")]
+SYSTEMS = [("ar", None, "chain"), ("chain", "dense-block-markov", "chain"),
+           ("tree", "dense-block-markov", "best-first:16"), ("tree", "dense-block-markov", "best-first:32"),
+           ("chain", "dense-block", "chain"), ("chain", "dense-draft-lm", "chain"),
+           ("tree", "dense-block-markov", "best-first:63"), ("chain", "dense-sequential", "chain"),
+           ("chain", "ngram", "chain")]
 
 
 def part_small(args) -> dict:
-    zoo = Path(args.zoo)
-    screen_reqs, all_reqs = requests(args.screen, args.new_tokens), requests(args.prompts, args.new_tokens)
-    screened = [run_system(zoo, m, d, t, screen_reqs) for m, d, t in SCREEN if (zoo / d).exists() or d == "ngram"]
-    best = max(screened, key=lambda r: r["tokens_per_s"])
-    m, d, t = best["system"].split(":", 2)
-    final = {"ar": run_system(zoo, "ar", None, "chain", all_reqs), "stock": run_system(zoo, "chain", SCREEN[0][1],
-             "chain", all_reqs), "best": run_system(zoo, m, d, t, all_reqs)}
-    forced = forcing(zoo, final["best"]["outputs"][:32], final["stock"]["outputs"][:32],
-                     final["ar"]["outputs"][:32], all_reqs[:32])
+    """Every system on all prompts (the first --screen of them timed apart too: the prompts the
+    Transformers part uses), in SYSTEMS order while --budget-s lasts; results written as they come."""
+    zoo, t0 = Path(args.zoo), time.perf_counter()
+    reqs = requests(args.prompts, args.new_tokens)
     strip = lambda r: {k: v for k, v in r.items() if k != "outputs"}  # noqa: E731
-    return {"prompts": args.prompts, "new_tokens": args.new_tokens, "screen_prompts": args.screen,
-            "screen": [strip(r) for r in screened], "final": {k: strip(v) for k, v in final.items()},
-            "small_ar_tok_s": final["ar"]["tokens_per_s"], "small_stock_tok_s": final["stock"]["tokens_per_s"],
-            "small_best_tok_s": final["best"]["tokens_per_s"], "small_best_policy": best["system"],
-            "spec_over_ar": final["best"]["tokens_per_s"] / final["ar"]["tokens_per_s"],
-            "best_on_screen_tok_s": best["tokens_per_s"], "forcing": forced, "forcing_passed": forced["passed"]}
+    out = {"prompts": args.prompts, "new_tokens": args.new_tokens, "screen_prompts": args.screen, "systems": []}
+    outputs = {}
+    for mode, drafter, tree in SYSTEMS:
+        if time.perf_counter() - t0 > args.budget_s or (drafter and drafter != "ngram" and not (zoo / drafter).exists()):
+            continue
+        sysm = System(zoo, mode, drafter, tree, args.new_tokens)
+        first = sysm.run(reqs[: args.screen])
+        full = sysm.run(reqs)
+        outputs[sysm.name] = full["outputs"]
+        out["systems"].append(strip(full) | {"screen_tokens_per_s": first["tokens_per_s"]})
+        del sysm
+        torch.cuda.empty_cache()
+        best = max((r for r in out["systems"] if r["system"] != "ar"), key=lambda r: r["tokens_per_s"], default=None)
+        ar = next(r for r in out["systems"] if r["system"] == "ar")
+        if best:
+            out |= {"small_ar_tok_s": ar["tokens_per_s"], "small_best_tok_s": best["tokens_per_s"],
+                    "small_best_policy": best["system"], "spec_over_ar": best["tokens_per_s"] / ar["tokens_per_s"],
+                    "best_on_screen_tok_s": best["screen_tokens_per_s"]}
+        Path(args.out).write_text(json.dumps(header() | {"part": "small"} | out, indent=1))
+        print(json.dumps(strip(out["systems"][-1])), flush=True)
+    stock = "chain:dense-block-markov:chain"
+    if out.get("small_best_policy") and stock in outputs:
+        n = args.screen
+        forced = forcing(zoo, outputs[out["small_best_policy"]][:n], outputs[stock][:n], outputs["ar"][:n], reqs[:n])
+        out |= {"forcing": forced, "forcing_passed": forced["passed"]}
+    return out
 
 
 def forcing(zoo: Path, cand, stock, ar, reqs) -> dict:
@@ -338,12 +360,20 @@ def part_hf(args) -> dict:
     return out
 
 
+FIGURES = ("copy_bandwidth_TBps", "floor_ms_per_token", "ar_ms_per_token", "ar_floor_fraction", "step16_ms", "c16",
+           "step64_ms", "c64", "small_ar_tok_s", "small_best_tok_s", "small_best_policy", "spec_over_ar",
+           "best_on_screen_tok_s", "forcing_passed", "hf_eager_tok_s", "hf_assisted_tok_s", "hf_prompt_lookup_tok_s")
+
+
 def part_merge(args) -> dict:
+    """Runs on any machine: device, date and commit come from the parts (each part keeps its own)."""
     parts = [json.loads(Path(p).read_text()) for p in args.parts]
-    out = header() | {"parts": {p.get("part", str(i)): p for i, p in enumerate(parts)}}
+    out = {"command": " ".join(["python"] + sys.argv)}
+    for key in ("device", "date", "git_sha"):
+        out[key] = ", ".join(dict.fromkeys(str(p.get(key)) for p in parts))
+    out["parts"] = {p.get("part", str(i)): p for i, p in enumerate(parts)}
     for p in parts:
-        out |= {k: v for k, v in p.items() if not isinstance(v, (dict, list)) and k not in
-                ("command", "device", "date", "git_sha", "torch", "part", "compile")}
+        out |= {k: p[k] for k in FIGURES if k in p}
     small, hf = (next((p for p in parts if p.get("part") == k), None) for k in ("small", "hf"))
     if small and hf:  # the same first prompts on both sides: the best system as screened there
         if (small["screen_prompts"], small["new_tokens"]) != (hf["prompts"], hf["new_tokens"]):
@@ -360,10 +390,11 @@ def main() -> int:
     ap.add_argument("--zoo", help="a built zoo set (small): its dense target and drafters")
     ap.add_argument("--prompts", type=int, default=164, help="small: all prompts; hf: its prompts (use --screen's)")
     ap.add_argument("--screen", type=int, default=32)
+    ap.add_argument("--budget-s", type=float, default=1e9, help="small: start no new system after this many seconds")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--profile", action="store_true", help="also list the heaviest kernels per step (CUPTI)")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
+    if args.part != "merge" and not torch.cuda.is_available():
         print("bench/gpu_fastpath.py needs a CUDA GPU", file=sys.stderr)
         return 2
     fn = {"eight-b": part_eight_b, "small-shape": part_small_shape, "small": part_small, "hf": part_hf,

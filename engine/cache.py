@@ -75,7 +75,10 @@ class Cache:
                 raise ValueError("a chain pass commits a prefix; only a tree pass commits a path")
             else:
                 k1 = self.cfg.linear_conv_kernel_dim - 1
-                self.h[i] = self.pending_h[i][:, n - 1].clone()
+                states = self.pending_h[i]
+                if states.shape[1] != self.pending and n != self.pending:
+                    raise ValueError("a pass run with commit_all keeps only its final state: commit all its tokens")
+                self.h[i] = states[:, n - 1 - (self.pending - states.shape[1])].clone()
                 self.conv[i] = self.pending_conv[i][:, :, n : n + k1].clone()
         self.length += n
         self.pending = 0
@@ -201,13 +204,14 @@ class Pass(NamedTuple):
 
 
 def ancestors(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
-    """[n, n] bool: row i marks i and its ancestors (parents[0] == 0: the root is its own parent,
-    so hops past it stay there)."""
+    """[n, n] bool: row i marks i and its ancestors (parents[0] == 0: the root is its own parent).
+    By squaring the one-step relation: ⌈log2(max_depth + 1)⌉ small matrix products, not a
+    sequential hop per level."""
     n = parents.shape[0]
     idx = torch.arange(n, device=parents.device)
-    anc = torch.zeros(n, n, dtype=torch.bool, device=parents.device)
-    up = idx
-    for _ in range(max_depth + 1):
-        anc.scatter_(1, up[:, None], True)
-        up = parents[up]
-    return anc
+    step = (idx[:, None] == idx[None, :]) | (parents[:, None] == idx[None, :])  # self or parent
+    reach, hops = step.float(), 1
+    while hops < max_depth:
+        reach = ((reach @ reach) > 0).float()  # paths of up to 2·hops steps
+        hops *= 2
+    return reach > 0

@@ -111,7 +111,7 @@ def generate(target: Model, prompt: list[int], max_new_tokens: int, drafter: Dra
     res = Result([])
 
     t0 = clock(dev)
-    out = target(torch.tensor([prompt], device=dev), cache, feature_layers=feat_layers)
+    out = target(torch.tensor([prompt], device=dev), cache, feature_layers=feat_layers, commit_all=True)
     cache.commit(len(prompt))
     bias = logit_bias.to(out.logits) if logit_bias is not None else 0
     newest = int((out.logits[0, -1] + bias).argmax())

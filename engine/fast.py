@@ -33,9 +33,12 @@ from .model import Model, rope_tables, run_layers
 
 
 def _lattice(logits: torch.Tensor):
-    """Top-k tokens and log-probabilities of [m, V] logits (as Lattice.from_logits)."""
-    logp, tok = F.log_softmax(logits.double(), dim=-1).topk(TOP_K, dim=-1)
-    return tok, logp
+    """Top-k tokens and log-probabilities of [m, V] logits (as Lattice.from_logits, which works in
+    float64; here float32 unless the model runs in float64: a top-k over the vocabulary in float64
+    costs more than the drafter's pass on a GPU). Scores for the trees: float64."""
+    x = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    top, tok = x.topk(TOP_K, dim=-1)
+    return tok, (top - x.logsumexp(-1, keepdim=True)).double()
 
 
 class _FeatureDraft:
@@ -175,6 +178,9 @@ class FastDecoder:
         self.out = torch.zeros(3 + self.path_len, dtype=torch.long, device=dev)
         self.rec = None  # (tree rows, argmax) of the last step, for records
         self.staging = None  # pinned host copies of the lattice buffers (host drafters)
+        if self.graphs:  # two pinned output buffers: a step's result is read while the next one runs
+            self.host_out = [torch.empty_like(self.out, device="cpu").pin_memory() for _ in range(2)]
+            self.events = [torch.cuda.Event() for _ in range(2)]
         if self.compile:  # every decoder compiles its own step: allow as many as a process builds
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
             torch._dynamo.config.accumulated_cache_size_limit = max(
@@ -201,7 +207,10 @@ class FastDecoder:
     def _step(self):
         tree = self._tree()
         R = self.spec.rows
-        self.cache.plan(R, tree.parents, tree.depth, self.spec.max_depth)
+        if self.spec.kind == "chain":  # a chain's ancestors are every earlier row
+            self.cache.plan(R)
+        else:
+            self.cache.plan(R, tree.parents, tree.depth, self.spec.max_depth)
         out = self.target(tree.tokens[None], self.cache, feature_layers=self.layers)
         logits = out.logits[0] if self.bias is None else out.logits[0] + self.bias
         argmax = logits.argmax(-1)
@@ -218,6 +227,7 @@ class FastDecoder:
         self.out.copy_(torch.cat((tau.view(1), tree.valid.sum().view(1) - 1, path_tokens, bonus)))
         self.rec = (tree, argmax)
 
+    @torch.no_grad()
     def _capture(self):
         self._prefill([0])
         side = torch.cuda.Stream(self.dev)
@@ -283,17 +293,25 @@ class FastDecoder:
         t1 = time.perf_counter()
         res.prefill_s = t1 - t0
         done = emit(res.tokens, [newest], eos, max_new_tokens)
+        # Device drafters (and AR) need nothing from the host between steps: the next step is
+        # launched before this one's result is read, so the device never waits for the host.
+        # The step launched past the end is waited for, and counts in this request's time.
+        ahead, k = self.graph is not None and self.host is None and record is None, 0
+        if ahead and not done:
+            self._launch(0)
         while not done:
             ta = time.perf_counter()
             room = max_new_tokens - len(res.tokens) - 1
             lattice = self.host.propose(self.m) if self.host is not None else None
             if lattice is not None:
                 self._load(lattice)
-            if self.graph is not None:
-                self.graph.replay()
+            if ahead:
+                self._launch(1 - k)
+                self.events[k].synchronize()
+                vals, k = self.host_out[k].tolist(), 1 - k  # the step's one read (queued by _launch)
             else:
-                self.fn()
-            vals = self.out.tolist()  # the step's one read
+                self.graph.replay() if self.graph is not None else self.fn()
+                vals = self.out.tolist()  # the step's one read
             tau, drafted, committed, bonus = vals[0], vals[1], vals[2 : 2 + vals[0]], vals[-1]
             emitted = committed[1:] + [bonus]
             if record is not None:
@@ -303,8 +321,16 @@ class FastDecoder:
                 self.host.observe(committed, emitted, None)
             res.steps.append(Step(tau=tau, drafted=drafted, t_draft=0.0, t_verify=time.perf_counter() - ta,
                                   t_commit=0.0))
+        if ahead and res.steps:
+            self.events[k].synchronize()
         res.decode_s = time.perf_counter() - t1
         return res
+
+    def _launch(self, i: int) -> None:
+        """Replay the step and queue its output's copy into pinned host buffer i."""
+        self.graph.replay()
+        self.host_out[i].copy_(self.out, non_blocking=True)
+        self.events[i].record()
 
     def _record(self, lat: Lattice | None, room: int, tau: int, emitted: list[int]) -> StepRecord:
         """What the step saw, read back (records only: more reads than a plain step). The step's
@@ -331,7 +357,7 @@ def decoder(target: Model, drafter: Drafter | None, draft_len: int, policy, logi
     mine = _DECODERS.setdefault(target, {})
     dec = mine.get(key)
     if dec is None or dec.capacity < need:
-        size = 512
+        size = 1024  # room for most prompts at once: a larger decoder means a new capture (and compile)
         while size - max(draft_len + 1, MAX_TREE) - trees.MAX_DEPTH - 2 < need:  # rows + path + root
             size *= 2
         mine.pop(key, None)

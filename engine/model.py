@@ -277,7 +277,7 @@ class GatedDeltaNet(nn.Module):
 
 
 def run_layers(cfg: ModelConfig, layers, x, cache: Cache | None, start: int, positions, tree_mask, rope,
-               feature_layers: tuple[int, ...] = ()):
+               feature_layers: tuple[int, ...] = (), commit_all: bool = False):
     """The residual stream through `layers`; returns it and the concatenated features of feature_layers."""
     B, T, _ = x.shape
     parents = None  # a tree over the new rows (not a chain): GDN layers run its root paths
@@ -308,9 +308,10 @@ def run_layers(cfg: ModelConfig, layers, x, cache: Cache | None, start: int, pos
             if parents is not None:
                 y, cache.pending_tree[i] = blk.linear_attn.forward_tree(y, h0, conv0, parents)
             else:
-                y, states, conv_in = blk.linear_attn(y, h0, conv0, snapshots=cache is not None)
+                snap = cache is not None and not commit_all  # a pass committed whole keeps its final state only
+                y, states, conv_in = blk.linear_attn(y, h0, conv0, snapshots=snap)
                 if cache is not None:
-                    cache.pending_h[i], cache.pending_conv[i] = states, conv_in
+                    cache.pending_h[i], cache.pending_conv[i] = states if snap else states[:, None], conv_in
         x = x + y
         x = x + blk.mlp(blk.post_attention_layernorm(x))
         if i in feature_layers:
@@ -380,11 +381,13 @@ class Model(nn.Module):
 
     def forward(self, tokens: torch.Tensor, cache: Cache | StaticCache | None = None,
                 positions: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None,
-                feature_layers: tuple[int, ...] = (), logits: bool | str = True) -> Output:
+                feature_layers: tuple[int, ...] = (), logits: bool | str = True, commit_all: bool = False) -> Output:
         """tokens [B, T]. With a cache, the T tokens follow its committed length and stay pending
         until `cache.commit`. positions default to consecutive ones; tree_mask [T, T] (row sees
         column) defaults to causal. A StaticCache brings its planned pass instead (positions, masks).
-        logits: True (every row), "last" (the last row only) or False."""
+        logits: True (every row), "last" (the last row only) or False. commit_all: the caller will
+        commit every token (a prefill): Gated DeltaNet layers then run the chunked form and keep
+        only the final state, not one per position."""
         B, T = tokens.shape
         start = 0
         if isinstance(cache, StaticCache):
@@ -395,8 +398,9 @@ class Model(nn.Module):
             positions = torch.arange(start, start + T, device=tokens.device).expand(B, T)
         if tree_mask is None and not isinstance(cache, StaticCache):
             tree_mask = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
-        x, features = run_layers(self.cfg, self.model.layers, self.model.embed_tokens(tokens), cache,
-                                 start, positions, tree_mask, rope_tables(self.inv_freq, positions, self.dtype), feature_layers)
+        x, features = run_layers(self.cfg, self.model.layers, self.model.embed_tokens(tokens), cache, start, positions,
+                                 tree_mask, rope_tables(self.inv_freq, positions, self.dtype), feature_layers,
+                                 commit_all)
         if logits == "last":
             x = x[:, -1:]
         out = F.linear(self.model.norm(x), self.lm_head_weight) if logits else None

@@ -323,7 +323,10 @@ def profile_generate(target: Model, prompt: list[int], max_new_tokens: int, draf
     """Profile `decode.generate(target, prompt, max_new_tokens, drafter, draft_len, eos, policy)`;
     see the module docstring. Runs generate three times: AR unprofiled (T_AR), the configuration
     unprofiled (reference tokens and step times; skipped for AR, whose reference is the AR run)
-    and the configuration profiled."""
+    and the configuration profiled. Where generate takes the static-shape driver (CUDA), the
+    profile is `profile_static`'s: device time per kernel class, not host-timed hooks."""
+    if decode.static_path(target, drafter, policy):
+        return profile_static(target, prompt, max_new_tokens, drafter, draft_len, policy, eos)
     ar = decode.generate(target, prompt, max_new_tokens, eos=eos)
     ar_walls = _step_walls(ar)
     t_ar = sum(ar_walls) / len(ar_walls) if ar_walls else 0.0
@@ -345,3 +348,138 @@ def profile_generate(target: Model, prompt: list[int], max_new_tokens: int, draf
     return ProfileResult(tokens=res.tokens, reference_tokens=ref.tokens, ar_tokens=ar.tokens, steps=steps,
                          step_wall=_step_walls(res), reference_step_wall=_step_walls(ref), t_ar=t_ar,
                          device=str(prof.dev), by_n={n: mean_step(g) for n, g in sorted(groups.items())})
+
+
+# ---- the static-shape path (CUDA) --------------------------------------------------------------
+def class_times(dec, reps: int = 30) -> dict[str, ClassStat]:
+    """Device time of each kernel class of one step of a FastDecoder, at the step's shapes: every
+    class's operations captured alone in a CUDA graph and timed over `reps` replays with CUDA
+    events (no host in the measurement: the kernel factor describes the device). On the CPU (the
+    driver run eagerly, for tests) the same operations are timed with perf_counter. Bytes and
+    FLOPs are counted from the same shapes as the eager profiler's."""
+    from . import treeops
+    from .gdn import tree_gated_delta_rule
+    from .model import attend
+
+    tgt, cache, R = dec.target, dec.cache, dec.spec.rows
+    cfg, dt, dev = tgt.cfg, tgt.dtype, dec.dev
+    g = torch.Generator(device=dev).manual_seed(0)
+    rnd = lambda *s: torch.randn(*s, device=dev, dtype=dt, generator=g)  # noqa: E731
+    e = torch.empty((), dtype=dt).element_size()
+    out: dict[str, ClassStat] = {}
+
+    linears = [w for blk in tgt.model.layers for w in _weights(blk)]
+    xs = {w.shape[1]: rnd(R, w.shape[1]) for w, _ in linears}
+    out["target_linear"] = ClassStat(
+        _device_time(lambda: [torch.nn.functional.linear(xs[w.shape[1]], w, b) for w, b in linears], dev, reps),
+        sum(_nbytes(w) + _nbytes(b) + R * (w.shape[1] + w.shape[0]) * e for w, b in linears),
+        sum(2.0 * R * w.shape[0] * w.shape[1] for w, _ in linears))
+    head, hx = tgt.lm_head_weight, rnd(R, cfg.hidden_size)
+    out["lm_head"] = ClassStat(_device_time(lambda: torch.nn.functional.linear(hx, head), dev, reps),
+                               _nbytes(head) + R * (head.shape[1] + head.shape[0]) * e, 2.0 * R * head.numel())
+    cache.plan(R)  # a chain of R rows past the committed length: the mask a step's pass reads
+    attn = [i for i, t in enumerate(cfg.layer_types) if t != "linear_attention"]
+    q = rnd(1, cfg.num_attention_heads, R, cfg.head_dim)
+    keys = cache.max_len
+    out["attention"] = ClassStat(
+        _device_time(lambda: [attend(q, cache.k[i], cache.v[i], cache.ctx.mask) for i in attn], dev, reps),
+        len(attn) * (2 * keys * cfg.num_key_value_heads * cfg.head_dim * e + 2 * R * cfg.num_attention_heads
+                     * cfg.head_dim * e),
+        len(attn) * 4.0 * R * keys * cfg.head_dim * cfg.num_attention_heads)
+    gdn = list(cache.h)
+    if gdn:
+        H, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        sdt = cache.h[gdn[0]].dtype
+        qk = [torch.nn.functional.normalize(torch.randn(R, H, dk, device=dev, dtype=sdt, generator=g), dim=-1)
+              for _ in range(2)]
+        v = torch.randn(R, H, dv, device=dev, dtype=sdt, generator=g)
+        gate, beta = -torch.rand(R, H, device=dev, dtype=sdt, generator=g), torch.rand(R, H, device=dev, dtype=sdt,
+                                                                                        generator=g)
+        anc = cache.ctx.anc
+        se = torch.empty((), dtype=sdt).element_size()
+        out["recurrent"] = ClassStat(
+            _device_time(lambda: [tree_gated_delta_rule(*qk, v, gate, beta, cache.h[i], anc) for i in gdn], dev, reps),
+            len(gdn) * (2 * H * dk * dv * se + R * (2 * dk + 2 * dv) * H * se), len(gdn) * 4.0 * R * H * dk * dv)
+    if dec.device_draft is not None:
+        dd, length = dec.device_draft, dec.device_draft.cache.length.clone()
+        out["drafter"] = ClassStat(_device_time(lambda: dd.propose(dec.root), dev, reps))
+        dd.cache.length.copy_(length)
+    if dec.drafter is not None:
+        def tree():
+            rows = treeops.build(dec.spec, dec.root, *dec.lat, dec.tables)
+            if dec.spec.kind != "chain":
+                cache.plan(R, rows.parents, rows.depth, dec.spec.max_depth)
+            return rows
+        out["tree_build"] = ClassStat(_device_time(tree, dev, reps))
+        rows, logits = tree(), rnd(R, cfg.vocab_size)
+        out["sampling_acceptance"] = ClassStat(_device_time(
+            lambda: treeops.accept(rows, logits.argmax(-1), cache.ctx.anc, dec.path_len), dev, reps))
+    return {c: out.get(c, ClassStat(0.0)) for c in MEASURED}
+
+
+def _weights(blk) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """A block's projection weights as a step reads them (fused where the model fused them)."""
+    mods = blk.linear_attn if blk.kind == "linear_attention" else blk.self_attn
+    fused = [getattr(mods, "in_proj", None) or getattr(mods, "qkv", None), blk.mlp.gate_up]
+    plain = [mods.out_proj if blk.kind == "linear_attention" else mods.o_proj, blk.mlp.down_proj]
+    return [f for f in fused if f is not None] + [(m.weight, m.bias) for m in plain]
+
+
+def _device_time(fn, dev: torch.device, reps: int) -> float:
+    """Seconds per call of fn: on CUDA captured in a graph and timed with events over replays."""
+    with torch.no_grad():
+        if dev.type != "cuda":
+            fn()
+            t = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            return (time.perf_counter() - t) / reps
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream(dev).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        for _ in range(3):
+            graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / reps
+
+
+def profile_static(target: Model, prompt: list[int], max_new_tokens: int, drafter=None, draft_len: int = 8,
+                   policy=None, eos: set[int] | None = None, graphs: bool | None = None) -> ProfileResult:
+    """`profile_generate` for the static-shape driver: the steps as they run (unprofiled, each
+    step's time from generate), their mean split by `class_times`; `other` is what the classes do
+    not hold (norms, rotary, residual adds, the commit, launch gaps). Every step of a decoder
+    verifies the same rows, so every step shares one split."""
+    from . import fast
+
+    need = len(prompt) + max_new_tokens
+    dec_ar = fast.decoder(target, None, draft_len, None, None, need) if graphs is None else \
+        fast.FastDecoder(target, max_len=need + 128, graphs=graphs)
+    ar = dec_ar.generate(prompt, max_new_tokens, eos)
+    ar_walls = _step_walls(ar)
+    dec = dec_ar if drafter is None else (fast.decoder(target, drafter, draft_len, policy, None, need)
+                                          if graphs is None else
+                                          fast.FastDecoder(target, drafter, draft_len, policy, need + 128, graphs))
+    res = dec.generate(prompt, max_new_tokens, eos) if drafter is not None else ar
+    walls = _step_walls(res)
+    split = class_times(dec)
+    steps = []
+    for s, wall in zip(res.steps, walls):
+        kern = dict(split)
+        kern["other"] = ClassStat(max(wall - sum(v.seconds for v in split.values()), 0.0))
+        steps.append(StepProfile(dec.spec.rows, s.tau, wall, kern))
+    groups: dict[int, list[StepProfile]] = defaultdict(list)
+    for s in steps:
+        groups[s.n].append(s)
+    return ProfileResult(tokens=res.tokens, reference_tokens=res.tokens, ar_tokens=ar.tokens, steps=steps,
+                         step_wall=walls, reference_step_wall=walls, t_ar=sum(ar_walls) / len(ar_walls) if ar_walls
+                         else 0.0, device=str(dec.dev), by_n={n: mean_step(g) for n, g in sorted(groups.items())})

@@ -68,10 +68,12 @@ class TreeRows(NamedTuple):
 
 def scores(tokens: torch.Tensor, logp: torch.Tensor, trans: torch.Tensor | None):
     """trees.py's normalized scores in float64, missing candidates (token < 0) at -inf."""
-    node = torch.log_softmax(logp.double().masked_fill(tokens < 0, NEG), dim=-1)
+    miss = tokens < 0  # (a position with no candidate at all normalizes to NaN: masked again after)
+    node = torch.log_softmax(logp.double().masked_fill(miss, NEG), dim=-1).masked_fill(miss, NEG)
     if trans is None:
         return node, None
-    tr = torch.log_softmax(trans.double().masked_fill(tokens[1:, None, :] < 0, NEG), dim=-1)
+    cmiss = miss[1:, None, :].expand_as(trans)
+    tr = torch.log_softmax(trans.double().masked_fill(cmiss, NEG), dim=-1).masked_fill(cmiss, NEG)
     return node, tr
 
 

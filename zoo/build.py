@@ -283,8 +283,9 @@ def prepare(r: Recipe, log=print) -> Inputs:
                   workload_like_prompts(tok, corpus.train) if r.workload_prompts else [], tokenizer_s)
 
 
-def build(preset: str, out: Path, device: str = "cpu", log=print) -> dict:
-    """Build every model of a preset into `out`; returns (and writes) the manifest."""
+def build(preset: str, out: Path, device: str = "cpu", log=print, roles: tuple[str, ...] = ("dense", "hybrid")) -> dict:
+    """Build every model of a preset (of the given target roles) into `out`; returns (and writes)
+    the manifest."""
     r = PRESETS[preset]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -299,6 +300,8 @@ def build(preset: str, out: Path, device: str = "cpu", log=print) -> dict:
     models = []
 
     for role, hybrid in (("dense", False), ("hybrid", True)):
+        if role not in roles:
+            continue
         t = time.perf_counter()
         target = train_target(r, hybrid, train_ids, device, log)
         cfg = target.cfg

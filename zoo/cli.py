@@ -46,6 +46,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     b.add_argument("--preset", required=True, choices=("micro", "small", "nano"))
     b.add_argument("--out", metavar="DIR", help="output folder (default: the shipped checkpoints/PRESET)")
     b.add_argument("--device", default="cpu", help="cpu or cuda")
+    b.add_argument("--roles", default="dense,hybrid", help="targets to build with their drafters: dense, hybrid or both")
     b.add_argument("--json", action="store_true", help="print the manifest as JSON")
     b.set_defaults(func=run_build)
 
@@ -60,7 +61,10 @@ def run_build(args: argparse.Namespace) -> int:
     from . import build
 
     out = Path(args.out) if args.out else build.SHIPPED / args.preset
-    manifest = build.build(args.preset, out, args.device, log=(lambda *_: None) if args.json else print)
+    roles = tuple(r.strip() for r in args.roles.split(",") if r.strip())
+    if not roles or set(roles) - {"dense", "hybrid"}:
+        raise ValueError(f"--roles {args.roles!r}: give dense, hybrid or dense,hybrid")
+    manifest = build.build(args.preset, out, args.device, log=(lambda *_: None) if args.json else print, roles=roles)
     if args.json:
         print(json.dumps(manifest))
     return 0

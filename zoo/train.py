@@ -114,7 +114,7 @@ def greedy_continuations(model: Model, prompts: torch.Tensor, new: int, batch: i
     outs = []
     for chunk in prompts.split(batch):
         cache = model.new_cache(chunk.shape[1] + new, batch=chunk.shape[0])
-        logits = model(chunk, cache).logits[:, -1]
+        logits = model(chunk, cache, commit_all=True).logits[:, -1]
         cache.commit(chunk.shape[1])
         seq = [chunk]
         for _ in range(new):
