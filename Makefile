@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench
+.PHONY: demo test bench proto
 
 $(VENV)/.installed: pyproject.toml setup.py
 	python3 -m venv $(VENV)
@@ -28,3 +28,7 @@ bench:
 	@echo "  python bench/<script>.py"
 	@echo "Each script writes bench/results/<name>.json (command, device, date, git_sha, figures);"
 	@echo "add a row for it to BENCHMARKS.md. See bench/README.md."
+
+# gRPC stubs from proto/ into specpilot/v1/ (committed; tests/unit/test_proto_stubs.py fails when stale)
+proto: $(VENV)/.installed
+	$(PY) -m specpilot.protogen

@@ -59,7 +59,7 @@ import torch
 from torch import nn
 
 from . import decode, trees
-from .cache import state_dtype
+from .cache import StaticCache, state_dtype
 from .model import Attention, GatedDeltaNet, Model
 
 KERNEL_CLASSES: tuple[str, ...] = ("target_linear", "lm_head", "attention", "recurrent", "drafter",
@@ -189,7 +189,7 @@ class _Profiler:
         c = mod.cfg
         if cache is None:
             keys = T
-        elif cache.static:
+        elif isinstance(cache, StaticCache):  # every slot up to max_len is read
             keys = cache.k[mod.layer].shape[2]
         else:
             keys = start + T

@@ -81,7 +81,9 @@ def cmd_replay(args) -> int:
 
 def cmd_pair(args) -> int:
     from specpilot.engine.engine import EngineConfig
-    from specpilot.services.controller.pairing import device_list, judge, write_verdict
+    from specpilot.devices import device_list
+    from specpilot.services.controller.pairing import judge, system, write_verdict
+    from specpilot.services.gpu_worker.systems import LocalWorkers
     from specpilot.zoo.workloads import read_workload
 
     def config(path):
@@ -100,7 +102,8 @@ def cmd_pair(args) -> int:
     devices = device_list(args.devices)
     steps = 2 * args.repeats * (2 if len(devices) == 1 else 1)
     with tqdm(total=2 * steps, desc="paired runs", unit="step", file=sys.stderr, disable=args.json) as bar:
-        record = judge(cand, inc, stock, reqs, devices, args.repeats, timeout=args.timeout, progress=bar.update)
+        record = judge(system(cand), system(inc), system(stock), reqs, devices, args.repeats, timeout=args.timeout,
+                       progress=bar.update, workers=LocalWorkers())
     path = write_verdict(record, args.verdicts)
     out = {k: record[k] for k in ("gain", "lower_bound", "stock_noise", "threshold", "accepted", "reasons",
                                   "outputs_differ")} | {"verdict": str(path)}
@@ -153,7 +156,7 @@ def cmd_demo(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from specpilot import costmodel_cli, force_cli, memory_cli, round_cli
+    from specpilot import costmodel_cli, force_cli, memory_cli, round_cli, stack_cli
     from specpilot.zoo import cli as zoo_cli
 
     parser = argparse.ArgumentParser(prog="specpilot", description=__doc__)
@@ -207,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     memory_cli.register(sub)
     costmodel_cli.register(sub)
     round_cli.register(sub)
+    stack_cli.register(sub)
     return parser
 
 

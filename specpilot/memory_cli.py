@@ -40,11 +40,12 @@ def register(subparsers) -> None:
             p.add_argument("--json", action="store_true", help="print JSON")
     mem.set_defaults(func=run)
 
-    serve = subparsers.add_parser("serve", help="run a service")
-    serve.add_argument("service", choices=["memory-api"])
+    serve = subparsers.add_parser("serve", help="run a service: the memory API, or the controller (REST API and "
+                                  "dashboard; settings from SPECPILOT_* variables, see specpilot/settings.py)")
+    serve.add_argument("service", choices=["memory-api", "controller"])
     serve.add_argument("--store", default=None, metavar="URL")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8710)
+    serve.add_argument("--port", type=int, default=None, help="default 8710 (memory-api), 8700 (controller)")
     serve.add_argument("--repo", metavar="DIR", help="the engine's git repository (reproduce checks of code deltas)")
     serve.add_argument("--stock-rev", metavar="REV", help="the pinned stock revision in --repo")
     serve.set_defaults(func=run_serve)
@@ -108,9 +109,15 @@ def run(args) -> int:
 
 
 def run_serve(args) -> int:
+    if args.service == "controller":
+        from specpilot.stack_cli import serve_controller
+
+        args.port = args.port or 8700
+        return serve_controller(args)
     import uvicorn
 
     from specpilot.services.memory_api.app import create_app
 
-    uvicorn.run(create_app(args.store or default_url(), args.repo, args.stock_rev), host=args.host, port=args.port)
+    uvicorn.run(create_app(args.store or default_url(), args.repo, args.stock_rev), host=args.host,
+                port=args.port or 8710)
     return 0

@@ -18,6 +18,10 @@ import json
 import time
 from pathlib import Path
 
+from specpilot.services.controller.round import summary_json as demo_json
+
+EMBEDDED_RUN = "run"  # the one round record of an embedded run folder (its rounds.db)
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("round", help="run rounds for a deployment: profile, cost model, agents, verdicts, memory",
@@ -35,37 +39,36 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def demo_json(summary: dict) -> dict:
-    final = summary.get("final") or {}
-    return {
-        "rounds": [{"direction": r["direction"],
-                    "candidates": [{"name": c["name"], "pruned": c["pruned"], "error": c["error"],
-                                    "accepted": bool(c["verdict"] and c["verdict"]["accepted"]),
-                                    "gain": c["verdict"]["gain"] if c["verdict"] else None,
-                                    "lower_bound": c["verdict"]["lower_bound"] if c["verdict"] else None}
-                                   for c in r["candidates"]],
-                    "accepted": [{"entry": a["entry"], "gain": a["gain"], "lower_bound": a["lower_bound"]}
-                                 for a in r["accepted"]]}
-                   for r in summary["rounds"]],
-        "speedup_over_stock": (final.get("speedup_over_stock") or {}).get("gain"),
-        "speedup_over_ar": (final.get("speedup_over_ar") or {}).get("gain"),
-        "final": final,
-        "report": summary.get("report"),
-    }
-
-
 def run_rounds(dep_source, rounds: int, agents=None, run_dir=None, store=None, repo=None, json_out=False,
                log=print) -> dict:
-    from specpilot.round import Round, find_repo, load_deployment, make_agents
+    from specpilot import bootstrap
+    from specpilot.services.controller.records import RecordState, Records
+    from specpilot.services.controller.round import Round, load_deployment
+    from specpilot.services.planner.local import check_agents
 
     dep = load_deployment(dep_source)
     if rounds < 1:
         raise ValueError("--rounds must be at least 1")
-    repo = Path(repo) if repo else find_repo()
+    agents = check_agents(agents)
+    repo = Path(repo) if repo else bootstrap.find_repo()
+    if repo is None and any(a.startswith("command:") for a in agents):
+        raise ValueError("--agent command:CMD needs the engine's git repository (--repo DIR)")
     run_dir = Path(run_dir) if run_dir else Path("runs") / dep["name"]
-    r = Round(dep, run_dir, make_agents(agents, dep, repo, dep["timeout"]), store, repo,
-              log=None if json_out else log, progress=not json_out)
-    return r.run(rounds)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ports = bootstrap.embedded(store or f"sqlite:///{run_dir / 'memory.db'}", repo)
+    records = Records(f"sqlite:///{run_dir / 'rounds.db'}")
+    try:
+        if records.find(EMBEDDED_RUN) is None:
+            records.create(dep, rounds, agents, str(run_dir), EMBEDDED_RUN)
+        records.set_state(EMBEDDED_RUN, "running")
+        out = Round(dep, run_dir, ports, RecordState(records, EMBEDDED_RUN), agents, repo,
+                    log=None if json_out else log, progress=not json_out,
+                    emit=lambda kind, data: records.event(EMBEDDED_RUN, kind, data)).run(rounds)
+        records.set_state(EMBEDDED_RUN, "done")
+        return out
+    finally:
+        ports.memory.close()
+        records.close()
 
 
 def run(args) -> int:
@@ -81,17 +84,12 @@ def run(args) -> int:
 
 
 def demo_deployment(run_dir: Path) -> Path:
-    """The embedded default: the shipped micro dense target with its block+Markov drafter (stock:
-    chain speculation, the drafter's top-1 per position), two CPU cores standing for two GPUs."""
-    from specpilot.demo import SHIPPED
+    """The embedded default (`controller.round.demo_deployment`) written to `run_dir`."""
+    from specpilot.services.controller.round import demo_deployment as fields
 
-    dep = {"name": "micro-dense-cpu", "target": str(SHIPPED / "dense"),
-           "drafter": str(SHIPPED / "dense-block-markov"), "drafters": {"block_markov": str(SHIPPED / "dense-block-markov")},
-           "gpu": "cpu", "devices": "cpu,cpu", "workload": "humaneval", "prompts": 3, "max_new_tokens": 48,
-           "repeats": 6, "max_candidates": 2}
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "deployment.json"
-    path.write_text(json.dumps(dep, indent=1))
+    path.write_text(json.dumps(fields(), indent=1))
     return path
 
 

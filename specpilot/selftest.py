@@ -26,14 +26,16 @@ from specpilot.zoo.workloads import stdlib_completion
 def real_pairs(target, drafter, real_runs: int, repeats: int, progress) -> dict:
     """Real paired runs on this machine's two cores (workers in their own processes): stock against
     stock, a silent 3 % slowdown of stock, and AR against stock (on CPU micro models AR is faster)."""
-    from specpilot.services.controller.pairing import judge
+    from specpilot.services.controller.pairing import judge, system
+    from specpilot.services.gpu_worker.systems import LocalWorkers
 
     stock = {"target": str(target), "drafter": str(drafter), "mode": "chain", "max_new_tokens": 24}
     reqs = [{"id": r.id, "prompt": r.prompt} for r in stdlib_completion(limit=4)]
     bar = tqdm(total=real_runs + 2, desc="real paired runs", disable=not progress, leave=False)
 
     def accepted(candidate):
-        ok = judge(candidate, stock, stock, reqs, ["cpu:0", "cpu:1"], repeats)["accepted"]
+        ok = judge(system(candidate), system(stock), system(stock), reqs, ["cpu:0", "cpu:1"], repeats,
+                   workers=LocalWorkers())["accepted"]
         bar.update(1)
         return ok
 

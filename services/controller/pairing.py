@@ -1,8 +1,9 @@
 """Paired, swapped runs of two systems (DESIGN.md §5).
 
-Each system runs in a worker process that the controller starts (the GPU worker's local stand-in,
-reached by module name, never imported) with a hard timeout. The controller does the timing: the
-round trip of a Generate call, which returns only after the worker's device has finished. It
+Each system runs in a process of its own that the GPU worker interface starts (`ports.GpuWorkers`:
+local processes embedded, gRPC workers distributed), every call under a hard timeout. The
+controller does the timing: the round trip of a Generate call, which returns only after the
+worker's device has finished. It
 keeps every timed run's outputs and re-checks them. Verdict records are JSON files written once
 (never rewritten) with the controller's own code hash, the inputs, the raw samples and the decision.
 """
@@ -12,103 +13,53 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import select
-import subprocess
-import sys
-import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import SimpleNamespace
 
 from . import stats
 from .forcing import SystemOutput, calibrate_delta, check_forcing
-
-WORKER = "specpilot.services.gpu_worker.local"
-
-
-class Worker:
-    """The controller's handle on one system in its own process."""
-
-    def __init__(self, engine: dict, device: str, timeout: float):
-        self.timeout, self.device = timeout, device
-        self.log = tempfile.TemporaryFile(mode="w+")
-        engine = dict(engine)
-        root = engine.pop("root", None)  # a built worktree: the worker loads the engine's code from there
-        spec = {"engine": engine, "device": device, **({"root": str(root)} if root else {})}
-        self.proc = subprocess.Popen([sys.executable, "-m", WORKER, json.dumps(spec)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
-        self._read("start")
-
-    def _read(self, what: str) -> dict:
-        ready, _, _ = select.select([self.proc.stdout], [], [], self.timeout)
-        line = self.proc.stdout.readline() if ready else ""
-        if not ready or not line:
-            self.close()
-            self.log.seek(0)
-            tail = self.log.read()[-800:]
-            why = f"no answer within {self.timeout} s" if not ready else "the worker exited"
-            raise RuntimeError(f"worker on {self.device}: {what} failed ({why}). Its last output:\n{tail}")
-        return json.loads(line)
-
-    def call(self, msg: dict, what: str) -> tuple[dict, float]:
-        t0 = time.perf_counter()
-        self.proc.stdin.write(json.dumps(msg) + "\n")
-        self.proc.stdin.flush()
-        reply = self._read(what)
-        seconds = time.perf_counter() - t0
-        if "error" in reply:
-            raise ValueError(f"worker on {self.device} refused the {what} call: {reply['error']}")
-        return reply, seconds
-
-    def generate(self, requests: list[dict]) -> tuple[list[list[int]], float]:
-        """Outputs of the requests, and the round-trip time the controller measured."""
-        reply, seconds = self.call({"requests": requests}, "generate")
-        self.prompt_ids = reply["prompt_ids"]
-        return reply["outputs"], seconds
-
-    def score(self, prompt_ids, tokens) -> SimpleNamespace:
-        """Teacher-forced scores (the worker's target, float32 head) of one output."""
-        reply, _ = self.call({"score": [{"prompt_ids": list(prompt_ids), "tokens": list(tokens)}]}, "score")
-        return SimpleNamespace(**reply["scores"][0])
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+from .ports import GpuWorkers, System
 
 
-def device_list(spec: str) -> list[str]:
-    """'cpu,cpu' → ['cpu:0', 'cpu:1'] (one core each); 'cuda:0,cuda:1' as given; 1 or 2 entries."""
-    devs = [d.strip() for d in spec.split(",") if d.strip()]
-    if len(devs) not in (1, 2):
-        raise ValueError(f"--devices {spec!r}: give one or two devices, e.g. cpu,cpu or cuda:0,cuda:1")
-    return [f"cpu:{i}" if d == "cpu" else d for i, d in enumerate(devs)]
+def system(config: dict, patch: str = "", base_rev: str | None = None) -> dict:
+    """A system as the GPU worker interface takes it: engine config, code patch, pinned revision."""
+    return {"config": dict(config), "patch": patch, "base_rev": base_rev}
+
+
+def timed_generate(sys_: System, requests: list[dict]) -> tuple[list[list[int]], list[list[int]], float]:
+    """Outputs and prompt ids of the requests, and the round trip the controller measured on its
+    own clock (the system reports no time)."""
+    t0 = time.perf_counter()
+    outputs, prompt_ids = sys_.generate(requests)
+    return outputs, prompt_ids, time.perf_counter() - t0
 
 
 def run_pair(candidate: dict, incumbent: dict, requests: list[dict], devices: list[str], repeats: int,
-             timeout: float = 600.0, progress=None, warmup: int = 1) -> dict:
-    """Time candidate against incumbent on the swapped schedule after `warmup` untimed runs of the
-    requests per worker. Returns the samples and the outputs of every timed run per system."""
+             timeout: float = 600.0, progress=None, warmup: int = 1, *, workers: GpuWorkers) -> dict:
+    """Time candidate against incumbent (systems: `system(...)`) on the swapped schedule after
+    `warmup` untimed runs of the requests per worker, each system started by `workers` on each
+    device. Returns the samples and the outputs of every timed run per system."""
     runs = stats.schedule([("workload", 1)], len(devices), repeats)
     configs = {stats.CANDIDATE: candidate, stats.INCUMBENT: incumbent}
-    workers = {}
+    started: dict = {}
     try:
         keys = [(system, d) for system in configs for d in sorted({r.device for r in runs})]
         with ThreadPoolExecutor(len(keys)) as pool:  # the processes load their systems side by side
-            futures = {k: pool.submit(Worker, configs[k[0]], devices[k[1]], timeout) for k in keys}
+            futures = {k: pool.submit(workers.start, configs[k[0]], devices[k[1]], timeout) for k in keys}
         failed = None
         for k, f in futures.items():
             if f.exception() is None:
-                workers[k] = f.result()
+                started[k] = f.result()
             else:
                 failed = failed or f.exception()
         if failed:
             raise failed
-        with ThreadPoolExecutor(len(workers)) as pool:  # warm-up, untimed (caches, allocators, lazy kernels)
-            for f in [pool.submit(w.generate, requests) for w in workers.values() for _ in range(warmup)]:
+        with ThreadPoolExecutor(len(started)) as pool:  # warm-up, untimed (caches, allocators, lazy kernels)
+            for f in [pool.submit(w.generate, requests) for w in started.values() for _ in range(warmup)]:
                 f.result()
+        prompt_ids: list = []
         tps, outputs = [0.0] * len(runs), {s: [] for s in configs}
         for step in sorted({r.step for r in runs}):
             idx = [i for i, r in enumerate(runs) if r.step == step]
@@ -116,7 +67,7 @@ def run_pair(candidate: dict, incumbent: dict, requests: list[dict], devices: li
 
             def one(i):
                 try:
-                    results[i] = workers[runs[i].system, runs[i].device].generate(requests)
+                    results[i] = timed_generate(started[runs[i].system, runs[i].device], requests)
                 except Exception as e:  # noqa: BLE001 — re-raised below in this thread
                     results[i] = e
 
@@ -128,15 +79,14 @@ def run_pair(candidate: dict, incumbent: dict, requests: list[dict], devices: li
             for i in idx:
                 if isinstance(results[i], Exception):
                     raise results[i]
-                outs, seconds = results[i]
+                outs, prompt_ids, seconds = results[i]
                 tps[i] = sum(len(o) for o in outs) / seconds
                 outputs[runs[i].system].append(outs)
             if progress:
                 progress(1)
     finally:
-        for w in workers.values():
+        for w in started.values():
             w.close()
-    prompt_ids = next(iter(workers.values())).prompt_ids if workers else []
     return {"samples": stats.pair(runs, tps), "outputs": outputs, "prompt_ids": prompt_ids}
 
 
@@ -149,14 +99,14 @@ def code_hash() -> str:
 
 
 def baseline(stock: dict, requests: list[dict], devices: list[str], repeats: int, timeout: float = 600.0,
-             progress=None, warmup: int = 1) -> dict:
+             progress=None, warmup: int = 1, *, workers: GpuWorkers) -> dict:
     """What every verdict of a round compares against: stock against itself on the swapped schedule
     (the noise), stock's outputs, and δ of token forcing from stock against AR (Phase 0), scored by
     stock's target in a worker of its own. Plain data, so a round can store it and resume."""
-    aa = run_pair(stock, stock, requests, devices, repeats, timeout, progress, warmup)
+    aa = run_pair(stock, stock, requests, devices, repeats, timeout, progress, warmup, workers=workers)
     stock_out = aa["outputs"][stats.INCUMBENT][0]
-    dev = stock.get("device", "cpu")
-    scorer, ar_worker = Worker(stock, dev, timeout), Worker({**stock, "mode": "ar"}, dev, timeout)
+    ar_system = {**stock, "config": {**stock["config"], "mode": "ar"}}
+    scorer, ar_worker = workers.start(stock, devices[0], timeout), workers.start(ar_system, devices[0], timeout)
     try:
         ar, _ = ar_worker.generate(requests)
         base = _outputs(requests, aa["prompt_ids"], stock_out)
@@ -173,9 +123,10 @@ def _outputs(requests, prompt_ids, tokens) -> list[SystemOutput]:
     return [SystemOutput(r["id"], tuple(p), tuple(t)) for r, p, t in zip(requests, prompt_ids, tokens)]
 
 
-def forcing(candidate_out, base: dict, requests, stock: dict, timeout: float) -> dict:
+def forcing(candidate_out, base: dict, requests, stock: dict, timeout: float, workers: GpuWorkers,
+            device: str) -> dict:
     """Token forcing of the candidate's timed outputs against stock's, scored by stock's target."""
-    scorer = Worker(stock, stock.get("device", "cpu"), timeout)
+    scorer = workers.start(stock, device, timeout)
     try:
         return check_forcing(_outputs(requests, base["prompt_ids"], candidate_out),
                              _outputs(requests, base["prompt_ids"], base["stock_outputs"]), scorer.score,
@@ -186,18 +137,18 @@ def forcing(candidate_out, base: dict, requests, stock: dict, timeout: float) ->
 
 def judge(candidate: dict, incumbent: dict, stock: dict, requests: list[dict], devices: list[str], repeats: int,
           settings: stats.Settings = stats.Settings(), timeout: float = 600.0, progress=None,
-          base: dict | None = None, warmup: int = 1) -> dict:
+          base: dict | None = None, warmup: int = 1, *, workers: GpuWorkers) -> dict:
     """Candidate vs incumbent, both swapped, against the stock baseline (`baseline`: stock vs stock
     noise, stock's outputs and δ; measured here when not given); token forcing of the candidate's
     timed outputs; the decision."""
-    base = base or baseline(stock, requests, devices, repeats, timeout, progress, warmup)
-    main = run_pair(candidate, incumbent, requests, devices, repeats, timeout, progress, warmup)
+    base = base or baseline(stock, requests, devices, repeats, timeout, progress, warmup, workers=workers)
+    main = run_pair(candidate, incumbent, requests, devices, repeats, timeout, progress, warmup, workers=workers)
     cand_out, inc_out = main["outputs"][stats.CANDIDATE], main["outputs"][stats.INCUMBENT]
     deterministic = all(o == cand_out[0] for o in cand_out) and all(o == inc_out[0] for o in inc_out)
     noise_samples = [stats.PairedSample(**x) for x in base["samples"]]
     est, noise = stats.gain(main["samples"], settings.confidence), stats.gain(noise_samples, settings.confidence)
     decision = stats.decide(est, noise, outputs_differ=cand_out[0] != inc_out[0], settings=settings)
-    forced = forcing(cand_out[0], base, requests, stock, timeout)
+    forced = forcing(cand_out[0], base, requests, stock, timeout, workers, devices[0])
     reasons = list(decision.reasons) + [f"token forcing: {r}" for r in forced["reasons"]]
     accepted = decision.accepted and deterministic and forced["passed"]
     if not deterministic:

@@ -13,11 +13,13 @@ from typing import Any
 from fastapi import Body, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .entries import Entry, EntryError, Requirement
 from .graph import GraphError, graph_json, graph_svg, resolve
 from .porting import PortError, port
-from .reproduce import reproduce
+from .local import reproduce_check
 from .store import EntryExists, Store, UnknownEntry
 
 ENTRY_EXAMPLE = {
@@ -116,19 +118,11 @@ def create_app(store_url: str, repo: str | Path | None = None, stock_rev: str | 
     def add_entry(
         entry: dict[str, Any] = Body(..., examples=[ENTRY_EXAMPLE]),
         expected_tree: str | None = Query(None, description="git tree id of the accepted system's code; needed "
-                                          "when the entry carries a code delta (the reproduce check)"),
+                                          "when the entry carries a code delta, checked whenever given "
+                                          "(the reproduce check)"),
     ) -> dict:
         e = Entry.from_dict(entry)
-        check = None
-        if e.delta.strip():
-            if repo is None or stock_rev is None:
-                raise ValueError("this memory API has no engine repository configured (serve with --repo and "
-                                 "--stock-rev): an entry with a code delta cannot be reproduce-checked")
-            if not expected_tree:
-                raise ValueError("an entry with a code delta needs ?expected_tree=<git tree id of the accepted "
-                                 "system's code> for the reproduce check")
-            check = lambda entry, order: reproduce(Path(repo), stock_rev, order, expected_tree)  # noqa: E731
-        return store.add(e, reproduce=check).to_dict()
+        return store.add(e, reproduce=reproduce_check(repo, stock_rev, e, expected_tree)).to_dict()
 
     @app.get(
         "/entries",
@@ -216,12 +210,34 @@ def create_app(store_url: str, repo: str | Path | None = None, stock_rev: str | 
         tags=["graph"],
         summary="Plan porting the memory to a deployment",
         description="Body: {family, device, batch}. Answers the PortPlan: apply order (each a reuse), "
-        "starting system, and the entries skipped with the reason.",
+        "starting system, the entries skipped with the reason, and the ordered entries themselves.",
         responses={422: ERRORS[422]},
     )
     def post_port(
         deployment: dict[str, Any] = Body(..., examples=[{"family": "llama", "device": "h100", "batch": 1}]),
     ) -> dict:
-        return port(deployment, store.catalog()).to_dict()
+        plan = port(deployment, store.catalog())
+        return {**plan.to_dict(), "entries": [e.to_dict() for e in plan.order]}
+
+    registry = CollectorRegistry()
+    entries_gauge = Gauge("specpilot_memory_entries", "Stored entries (latest versions) and versions",
+                          ["what"], registry=registry)
+    requests = Counter("specpilot_memory_requests", "Requests served, by route and status", ["route", "status"],
+                       registry=registry)
+
+    @app.middleware("http")
+    async def count(request: Request, call_next):
+        response = await call_next(request)
+        route = request.scope.get("route")
+        requests.labels(getattr(route, "path", "unmatched"), str(response.status_code)).inc()
+        return response
+
+    @app.get("/metrics", tags=["service"], summary="Prometheus metrics", response_class=Response,
+             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+    def metrics():
+        catalog = store.catalog()
+        entries_gauge.labels("entries").set(len(catalog))
+        entries_gauge.labels("versions").set(sum(len(v) for v in catalog.values()))
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

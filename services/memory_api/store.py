@@ -9,7 +9,7 @@ Concurrency: every write is one transaction and the primary key (id, version) de
 two writers of different entries both succeed and two writers of the same (id, version) get one
 success and one `EntryExists`. On SQLite the connections use WAL, a busy timeout and
 `BEGIN IMMEDIATE` (writers queue instead of failing); on PostgreSQL the schema upgrade holds an
-advisory lock so that concurrent `Store(...)` openings do not race on the DDL.
+advisory lock so that concurrent `Store(...)` openings do not race on the DDL (`specpilot.sqldb`).
 """
 
 from __future__ import annotations
@@ -21,21 +21,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
-from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
+
+from specpilot.sqldb import Migrations, make_engine
 
 from .entries import SLUG, Entry, EntryError, Requirement
 from .graph import resolve
 from .porting import check_deployment, limits_refuse
 
-MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+MIGRATIONS = Migrations(Path(__file__).resolve().parent / "migrations", "alembic_version", 0x5350_4D45)
 MAX_ID_LEN = 200  # the `id` column's length
 MAX_VERSION = 2**31 - 1  # the `version` column is a 32-bit integer
-SQLITE_BUSY_MS = 30_000
-_PG_LOCK = 0x5350_4D45  # advisory lock key held while migrating ("SPME")
 
 Reproduce = Callable[[Entry, "builtins.list[Entry]"], object]
 
@@ -77,61 +74,18 @@ class UnknownEntry(StoreError, KeyError):
         return self.args[0]
 
 
-def _is_sqlite(engine: Engine) -> bool:
-    return engine.dialect.name == "sqlite"
-
-
-def make_engine(url: str) -> Engine:
-    """An engine for `url`; on SQLite with WAL, a busy timeout and `BEGIN IMMEDIATE` transactions."""
-    if not url.startswith("sqlite"):
-        return sa.create_engine(url, pool_pre_ping=True)
-    engine = sa.create_engine(url, connect_args={"timeout": SQLITE_BUSY_MS / 1000, "check_same_thread": False})
-
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn, _record):
-        dbapi_conn.isolation_level = None  # let SQLAlchemy's "begin" event emit BEGIN itself
-        cur = dbapi_conn.cursor()
-        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
-        if url not in ("sqlite://", "sqlite:///:memory:"):
-            cur.execute("PRAGMA journal_mode=WAL")
-        cur.close()
-
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn):
-        conn.exec_driver_sql("BEGIN IMMEDIATE")  # take the write lock up front: no upgrade deadlocks
-
-    return engine
-
-
-def _alembic(connection: Connection) -> Config:
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
-    cfg.attributes["connection"] = connection
-    return cfg
-
-
-def _migrate(engine: Engine, run: Callable[[Config], None]) -> None:
-    with engine.begin() as conn:  # one transaction (BEGIN IMMEDIATE on SQLite): migrations serialize
-        if engine.dialect.name == "postgresql":
-            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK})
-        run(_alembic(conn))
-
-
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Bring the schema to `revision` (Alembic `upgrade`)."""
-    _migrate(engine, lambda cfg: command.upgrade(cfg, revision))
+    MIGRATIONS.upgrade(engine, revision)
 
 
 def downgrade(engine: Engine, revision: str = "base") -> None:
     """Take the schema back to `revision` (Alembic `downgrade`)."""
-    _migrate(engine, lambda cfg: command.downgrade(cfg, revision))
+    MIGRATIONS.downgrade(engine, revision)
 
 
 def current_revision(engine: Engine) -> str | None:
-    from alembic.runtime.migration import MigrationContext
-
-    with engine.connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
+    return MIGRATIONS.current(engine)
 
 
 def _storable(entry: Entry) -> None:

@@ -39,7 +39,7 @@ class Context:
     deployment: dict  # {"target", "drafter", "gpu", "batch", ...}
     incumbent: dict  # the incumbent's EngineConfig fields
     incumbent_patch: str  # the incumbent's code delta against stock ("" = stock code)
-    costmodel: dict  # the round's measured cost model (see specpilot/round.py: budgets, ceiling, replay τ)
+    costmodel: dict  # the round's measured cost model (see services/controller/round.py: budgets, ceiling, replay τ)
     direction: str  # what this round attacks: costmodel.direction(): "tree" | "kernel:<class>" | "off-profile"
     memory: list[dict] = field(default_factory=list)  # ported memory entries (Entry.to_dict())
     tried: tuple[str, ...] = ()  # names of candidates earlier rounds already evaluated

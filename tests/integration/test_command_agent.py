@@ -14,7 +14,7 @@ import pytest
 from gitrepo import make_repo, worktrees
 
 from specpilot.demo import micro_pair
-from specpilot.services.controller import pairing
+from specpilot.services.gpu_worker.systems import SystemProcess
 from specpilot.services.gpu_worker.build import build_worktree, remove_worktree
 from specpilot.services.planner.agents import Context
 from specpilot.services.planner.command_agent import CommandAgent, prompt
@@ -77,7 +77,7 @@ def test_a_program_that_edits_the_engine_gives_a_candidate_the_worker_builds_and
 
     wt = build_worktree(REPO, "HEAD", cand.patch, tmp_path / "wt")
     try:
-        worker = pairing.Worker({**STOCK, "root": str(wt)}, "cpu:0", timeout=120)
+        worker = SystemProcess({**STOCK, "root": str(wt)}, "cpu:0", timeout=120)
         try:
             outs, _ = worker.generate([{"id": r.id, "prompt": r.prompt} for r in stdlib_completion(limit=1)])
         finally:

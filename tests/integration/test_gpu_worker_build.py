@@ -15,7 +15,7 @@ import pytest
 from gitrepo import git, make_repo, worktrees
 
 from specpilot.demo import micro_pair
-from specpilot.services.controller import pairing
+from specpilot.services.gpu_worker.systems import SystemProcess
 from specpilot.services.gpu_worker.build import ALLOWED, BuildError, build_worktree, remove_worktree
 from specpilot.zoo.workloads import stdlib_completion
 
@@ -124,6 +124,7 @@ def test_an_unknown_revision_is_a_build_error(repo, tmp_path):
 
 PROBE = """
 import json, sys
+from specpilot.services.gpu_worker.systems import SystemProcess
 from specpilot.services.gpu_worker.build import use_root
 use_root(sys.argv[1])
 import specpilot, specpilot.engine.engine, specpilot.kernels, specpilot.zoo, specpilot.services.gpu_worker.local
@@ -156,8 +157,8 @@ def check_where(wt: Path, installed: Path, env: dict, cwd: Path) -> None:
 
 
 def run_systems(wt: Path) -> None:
-    patched = pairing.Worker({**STOCK, "root": str(wt)}, "cpu:0", timeout=120)  # `root` is no EngineConfig field
-    stock = pairing.Worker(STOCK, "cpu:0", timeout=120)
+    patched = SystemProcess({**STOCK, "root": str(wt)}, "cpu:0", timeout=120)  # `root` is no EngineConfig field
+    stock = SystemProcess(STOCK, "cpu:0", timeout=120)
     try:
         assert [len(o) for o in patched.generate(REQS)[0]] == [3]
         assert [len(o) for o in stock.generate(REQS)[0]] == [12]

@@ -5,16 +5,20 @@ import json
 import pytest
 
 from specpilot.demo import micro_pair
+from specpilot.devices import device_list
 from specpilot.services.controller import pairing
+from specpilot.services.controller.pairing import system
+from specpilot.services.gpu_worker.systems import LocalWorkers, SystemProcess
 from specpilot.zoo.workloads import stdlib_completion
 
 TARGET, DRAFTER, _ = micro_pair()
 STOCK = {"target": str(TARGET), "drafter": str(DRAFTER), "mode": "chain", "max_new_tokens": 12}
+LOCAL = LocalWorkers()
 REQS = [{"id": r.id, "prompt": r.prompt} for r in stdlib_completion(limit=2)]
 
 
 def test_stock_against_stock_is_not_accepted_and_the_verdict_is_sealed(tmp_path):
-    rec = pairing.judge(STOCK, STOCK, STOCK, REQS, ["cpu:0", "cpu:1"], repeats=2)
+    rec = pairing.judge(system(STOCK), system(STOCK), system(STOCK), REQS, ["cpu:0", "cpu:1"], repeats=2, workers=LOCAL)
     assert not rec["accepted"]
     assert len(rec["samples"]) == len(rec["stock_samples"]) == 4  # 2 repeats × 2 swapped slots
     assert {s["slot"] for s in rec["samples"]} == {0, 1}
@@ -28,31 +32,31 @@ def test_stock_against_stock_is_not_accepted_and_the_verdict_is_sealed(tmp_path)
 
 
 def test_one_device_interleaves_abba():
-    out = pairing.run_pair(STOCK, {**STOCK, "mode": "ar"}, REQS, ["cpu:0"], repeats=1)
+    out = pairing.run_pair(system(STOCK), system({**STOCK, "mode": "ar"}), REQS, ["cpu:0"], repeats=1, workers=LOCAL)
     assert sorted(s.slot for s in out["samples"]) == [0, 1]
     assert out["outputs"]["candidate"][0] == out["outputs"]["incumbent"][0]  # lossless: same tokens
 
 
 def test_a_worker_that_cannot_start_is_reported_with_its_output():
     with pytest.raises(RuntimeError, match="worker exited") as e:
-        pairing.Worker({"target": "/nonexistent", "mode": "ar"}, "cpu:0", timeout=120)
+        SystemProcess({"target": "/nonexistent", "mode": "ar"}, "cpu:0", timeout=120)
     assert "nonexistent" in str(e.value)
 
 
 def test_a_hung_worker_hits_the_timeout():
     with pytest.raises(RuntimeError, match="no answer within"):
-        pairing.Worker(STOCK, "cpu:0", timeout=0.01)
+        SystemProcess(STOCK, "cpu:0", timeout=0.01)
 
 
 def test_device_list():
-    assert pairing.device_list("cpu,cpu") == ["cpu:0", "cpu:1"]
-    assert pairing.device_list("cuda:0,cuda:1") == ["cuda:0", "cuda:1"]
+    assert device_list("cpu,cpu") == ["cpu:0", "cpu:1"]
+    assert device_list("cuda:0,cuda:1") == ["cuda:0", "cuda:1"]
     with pytest.raises(ValueError, match="one or two"):
-        pairing.device_list("cpu,cpu,cpu")
+        device_list("cpu,cpu,cpu")
 
 
 def test_a_biased_candidate_is_rejected_by_token_forcing_even_if_fast():
-    rec = pairing.judge({**STOCK, "mode": "ar", "defect": "logit_bias:" + ",".join(map(str, range(40, 140))) + ":3"},
-                        STOCK, STOCK, REQS, ["cpu:0", "cpu:1"], repeats=2)
+    bad = {**STOCK, "mode": "ar", "defect": "logit_bias:" + ",".join(map(str, range(40, 140))) + ":3"}
+    rec = pairing.judge(system(bad), system(STOCK), system(STOCK), REQS, ["cpu:0", "cpu:1"], repeats=2, workers=LOCAL)
     assert not rec["forcing"]["passed"] and not rec["accepted"]
     assert any(r.startswith("token forcing") for r in rec["reasons"])

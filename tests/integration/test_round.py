@@ -11,11 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from specpilot import bootstrap
+from specpilot.bootstrap import find_repo
 from specpilot.demo import SHIPPED, micro_pair
-from specpilot.round import DeploymentError, Round, find_repo, load_deployment
-from specpilot.round_cli import demo_json
+from specpilot.round_cli import EMBEDDED_RUN, demo_json
+from specpilot.services.controller.records import RecordState, Records
+from specpilot.services.controller.round import DeploymentError, Round, load_deployment
 from specpilot.services.memory_api.store import Store
 from specpilot.services.planner.command_agent import CommandAgent
+from specpilot.services.planner.local import LocalPlanner
 
 TARGET, DRAFTER, TRAINED = micro_pair()
 pytestmark = pytest.mark.skipif(not TRAINED, reason="needs the shipped micro checkpoints")
@@ -24,13 +28,35 @@ SMALL = {"name": "micro-small", "target": str(TARGET), "drafter": str(SHIPPED / 
          "repeats": 2, "budgets": ["chain", "best-first:16"], "max_candidates": 2}
 
 
+def embedded_round(dep, run_dir: Path, repo=None, agents=None) -> Round:
+    """A Round over the embedded adapters (memory in `run_dir`/memory.db)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    planner = LocalPlanner(agents) if agents is not None else None
+    ports = bootstrap.embedded(f"sqlite:///{run_dir / 'memory.db'}", repo, planner)
+    records = Records(f"sqlite:///{run_dir / 'rounds.db'}")
+    records.create(dep, 1, ["search"], str(run_dir), EMBEDDED_RUN)
+    return Round(dep, run_dir, ports, RecordState(records, EMBEDDED_RUN), repo=repo, log=None, progress=False)
+
+
+def saved_state(run_dir: Path) -> dict | None:
+    """The run's state document as saved in its round record (None before the first save)."""
+    if not (run_dir / "rounds.db").is_file():
+        return None
+    records = Records(f"sqlite:///{run_dir / 'rounds.db'}")
+    try:
+        found = records.find(EMBEDDED_RUN)
+        return found and found["doc"]
+    finally:
+        records.close()
+
+
 def verdicts(run_dir: Path) -> list[Path]:
     return sorted((run_dir / "verdicts").glob("*.json"))
 
 
 def test_a_round_measures_proposes_judges_stores_and_reports(tmp_path):
     dep = load_deployment(SMALL)
-    summary = Round(dep, tmp_path, log=None, progress=False).run(1)
+    summary = embedded_round(dep, tmp_path).run(1)
     rec = summary["rounds"][0]
     assert rec["status"] == "done"
     cm = rec["costmodel"]
@@ -44,7 +70,8 @@ def test_a_round_measures_proposes_judges_stores_and_reports(tmp_path):
         v = json.loads(Path(c["verdict"]["path"]).read_text())
         assert (v["gain"], v["accepted"]) == (c["verdict"]["gain"], c["verdict"]["accepted"])
         assert v["forcing"]["passed"]  # every built-in mechanism is lossless
-        assert v["candidate"] == {**rec["incumbent"]["config"], **c["options"]}
+        assert v["candidate"]["config"] == {**rec["incumbent"]["config"], **c["options"]}
+        assert v["key"] == f"micro-small/round-1/{c['name']}"
     with Store(f"sqlite:///{tmp_path / 'memory.db'}") as store:
         for a in rec["accepted"]:
             entry = store.get(*a["entry"].split("@")[:1])
@@ -62,12 +89,11 @@ def test_a_killed_run_resumes_without_measuring_again(tmp_path):
     cmd = [sys.executable, "-m", "specpilot.cli", "round", "--deployment", str(tmp_path / "dep.json"),
            "--run-dir", str(tmp_path / "run"), "--json"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    state = tmp_path / "run" / "state.json"
     deadline = time.time() + 240
     try:
         while time.time() < deadline:  # kill it once the first verdict is in its state
-            if state.is_file():
-                s = json.loads(state.read_text())
+            s = saved_state(tmp_path / "run")
+            if s:
                 if any(c.get("verdict") for r in s["rounds"] for c in r.get("candidates", [])):
                     break
             time.sleep(0.2)
@@ -76,11 +102,11 @@ def test_a_killed_run_resumes_without_measuring_again(tmp_path):
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    before = json.loads(state.read_text())
+    before = saved_state(tmp_path / "run")
     first = next(c for c in before["rounds"][0]["candidates"] if c["verdict"])
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    after = json.loads(state.read_text())
+    after = saved_state(tmp_path / "run")
     r0, r1 = before["rounds"][0], after["rounds"][0]
     assert r1["status"] == "done"
     assert r1["measurement"] == r0["measurement"] and after["baseline"] == before["baseline"]
@@ -106,12 +132,12 @@ def test_a_command_agents_patch_is_built_and_judged_in_a_round(tmp_path):
     (tmp_path / "agent.py").write_text(SCRIPT)
     agent = CommandAgent(f"{sys.executable} {tmp_path / 'agent.py'}", repo, head, timeout=60)
     dep = load_deployment({**SMALL, "name": "micro-command"})
-    summary = Round(dep, tmp_path / "run", agents=[agent], repo=repo, log=None, progress=False).run(1)
+    summary = embedded_round(dep, tmp_path / "run", repo, [agent]).run(1)
     (cand,) = summary["rounds"][0]["candidates"]
     assert cand["agent"] == "command" and "MAX_DEPTH = 8" in cand["patch"] and "capped" in cand["rationale"]
     assert cand["error"] is None, cand["error"]
     v = json.loads(Path(cand["verdict"]["path"]).read_text())
-    assert v["forcing"]["passed"] and v["candidate"]["root"]  # it ran from a worktree with the patch
+    assert v["forcing"]["passed"] and v["candidate"]["patch"] == cand["patch"]  # built from the patch
     with Store(f"sqlite:///{tmp_path / 'run' / 'memory.db'}") as store:
         for a in summary["rounds"][0]["accepted"]:  # stored only after the reproduce check
             assert store.get(a["entry"].split("@")[0]).delta == cand["patch"]
@@ -134,7 +160,7 @@ def test_a_bad_deployment_names_what_is_wrong(bad, message):
 
 @pytest.mark.skipif(find_repo() is None, reason="needs the engine's git checkout")
 def test_an_accepted_candidate_whose_code_does_not_reproduce_is_not_stored_nor_the_incumbent(tmp_path):
-    r = Round(load_deployment(SMALL), tmp_path, repo=find_repo(), log=None, progress=False)
+    r = embedded_round(load_deployment(SMALL), tmp_path, find_repo())
     try:
         inc = r.incumbent()
         verdict = {"accepted": True, "gain": 1.3, "lower_bound": 1.2, "id": "v1"}
@@ -145,6 +171,6 @@ def test_an_accepted_candidate_whose_code_does_not_reproduce_is_not_stored_nor_t
         r.accept(rec)
         assert rec["accepted"] == [] and rec["next_incumbent"] == inc
         assert "not stored in memory" in bad["error"] and "engine/nope.py" in bad["error"]
-        assert [e.id for e in r.store.list() if e.id.startswith("patch-")] == []
+        assert [e["id"] for e in r.memory.entries() if e["id"].startswith("patch-")] == []
     finally:
-        r.close()
+        r.memory.close()

@@ -4,6 +4,9 @@
 - The controller and the planner never import the engine, not even through another project
   module (checked transitively, parent packages' __init__ included).
 - A service never imports another service's modules: they talk over gRPC, REST and the queue.
+- The GPU worker (its gRPC server and the system processes it starts) loads, through any project
+  module, no package that the GPU machine lacks (`GPU_MACHINE_LACKS`): it runs with torch, grpcio,
+  protobuf and prometheus-client.
 - Nothing imports the top-level folders by their folder names (`engine`, `kernels`, `zoo`,
   `services`): those names do not exist in an installed wheel.
 """
@@ -26,6 +29,8 @@ ROOTS = {
 }
 FOLDER_NAMES = ("engine", "kernels", "zoo", "services")
 SERVICES = ("controller", "planner", "gpu_worker", "memory_api")
+GPU_MACHINE_LACKS = ("fastapi", "pydantic", "starlette", "sqlalchemy", "alembic", "celery", "kombu", "redis",
+                     "httpx", "uvicorn", "psycopg")
 
 
 @dataclass(frozen=True)
@@ -121,11 +126,9 @@ def check(repo: Path) -> list[str]:
                     if other != svc and under(t, f"specpilot.services.{other}"):
                         report(imp, f"services/{svc} must not import services/{other}: use gRPC, REST or the queue")
 
-    # Controller and planner never load the engine, directly or through other project modules.
-    for module in graph:
-        if not (under(module, "specpilot.services.controller") or under(module, "specpilot.services.planner")):
-            continue
-        # breadth-first over the import graph, remembering how each module was reached
+    def reached(module: str) -> dict[str, tuple[str, Import] | None]:
+        """Breadth-first over the import graph from `module`: every project module it loads, and
+        how it was reached."""
         via: dict[str, tuple[str, Import] | None] = {module: None}
         for parent in resolve(module, modules)[1:]:
             via.setdefault(parent, None)
@@ -137,15 +140,34 @@ def check(repo: Path) -> list[str]:
                     if loaded not in via:
                         via[loaded] = (current, imp)
                         queue.append(loaded)
-        hit = next((m for m in via if under(m, "specpilot.engine")), None)
-        if hit is None:
-            continue
-        chain, step = [], via[hit]
+        return via
+
+    def chain_to(via, hit: str, last: Import | None = None) -> str:
+        chain, step = ([f"{last.file}:{last.line} `{last.text}`"] if last else []), via[hit]
         while step is not None:
             chain.append(f"{step[1].file}:{step[1].line} `{step[1].text}`")
             step = via[step[0]]
-        why = "the controller and the planner must not import the engine (reach it through the GPU worker interface)"
-        problems.append(f"{modules[module].relative_to(repo)} loads {hit}: " + " -> ".join(reversed(chain)) + f" — {why}")
+        return " -> ".join(reversed(chain))
+
+    for module in graph:
+        # Controller and planner never load the engine, directly or through other project modules.
+        if under(module, "specpilot.services.controller") or under(module, "specpilot.services.planner"):
+            via = reached(module)
+            hit = next((m for m in via if under(m, "specpilot.engine")), None)
+            if hit is not None:
+                why = ("the controller and the planner must not import the engine (reach it through the GPU worker "
+                       "interface)")
+                problems.append(f"{modules[module].relative_to(repo)} loads {hit}: {chain_to(via, hit)} — {why}")
+        # The GPU worker loads nothing the GPU machine lacks.
+        if under(module, "specpilot.services.gpu_worker"):
+            via = reached(module)
+            for m in via:
+                bad = next((imp for imp in graph.get(m, []) if imp.target.split(".")[0] in GPU_MACHINE_LACKS), None)
+                if bad is not None:
+                    why = f"the GPU worker must run without {bad.target.split('.')[0]} (the GPU machine lacks it)"
+                    problems.append(f"{modules[module].relative_to(repo)} loads {bad.target.split('.')[0]}: "
+                                    f"{chain_to(via, m, bad)} — {why}")
+                    break
     return list(dict.fromkeys(problems))  # `from m import a, b` reports a line once
 
 
@@ -184,6 +206,17 @@ def test_checker_reports_each_kind_of_violation(tmp_path):
     )
     assert not any(p.startswith("engine/ok.py") for p in problems)
     assert len(problems) == 5, text
+
+
+def test_checker_sees_a_package_the_gpu_machine_lacks_in_the_worker(tmp_path):
+    for pkg in ["specpilot", "services", "services/gpu_worker"]:
+        _write(tmp_path, f"{pkg}/__init__.py")
+    _write(tmp_path, "specpilot/settings.py", "import pydantic\n")
+    _write(tmp_path, "services/gpu_worker/server.py", "import grpc\nfrom specpilot import settings\n")
+    problems = check(tmp_path)
+    assert any(p.startswith("services/gpu_worker/server.py loads pydantic: services/gpu_worker/server.py:2 "
+                            "`from specpilot import settings` -> specpilot/settings.py:1 `import pydantic`")
+               for p in problems), problems
 
 
 def test_checker_sees_an_engine_import_in_a_parent_package(tmp_path):

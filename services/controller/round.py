@@ -1,4 +1,4 @@
-"""`specpilot round`: the product's main job, in the embedded runner (DESIGN.md §1, §8).
+"""The round: the product's main job, written once against the services' interfaces (`ports.py`).
 
 One round, for a deployment and its incumbent (stock at first):
 
@@ -8,38 +8,30 @@ One round, for a deployment and its incumbent (stock at first):
   accepted candidate with the highest lower bound becomes the incumbent → a memory entry
   (stored only if the reproduce check passes) → the round's report.
 
-Several rounds run in a row. Every step's result is written to `<run>/state.json` as soon as it
-exists (atomically), so a killed run resumes where it stopped: finished steps and verdicts are
-read back, not measured again. This module composes the services — the one place that may — and
-reaches every system only through the worker processes the controller starts.
+Several rounds run in a row. Every step's result is saved (`state`) as soon as it exists, so a
+killed run resumes where it stopped: finished steps are read back, not measured again, and a
+verdict already sealed (a file under `<run>/verdicts/` that names the round and the candidate) is
+read back, never judged twice. The round reaches every system through the GPU worker interface
+(local processes or gRPC workers), the memory through its interface (in-process or REST) and the
+planner through its own (in-process or a Celery task): `specpilot/bootstrap.py` picks them.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from tqdm import tqdm
 
-from specpilot import gitrun, patches
-from specpilot.services.controller import stats
-from specpilot.services.controller.pairing import Worker, baseline, device_list, judge, run_pair, write_verdict
-from specpilot.services.gpu_worker.build import BuildError, build_worktree, remove_worktree
-from specpilot.services.memory_api.entries import Entry, EntryError, Evidence, Lineage, Requirement
-from specpilot.services.memory_api.graph import GraphError
-from specpilot.services.memory_api.porting import port
-from specpilot.services.memory_api.reproduce import ReproduceError, reproduce, tree_of_worktree
-from specpilot.services.memory_api.seed import seed_entries
-from specpilot.services.memory_api.store import EntryExists, Store
-from specpilot.services.planner import costmodel, report
-from specpilot.services.planner.agents import Context
-from specpilot.services.planner.command_agent import CommandAgent
-from specpilot.services.planner.search_agent import SearchAgent
+from specpilot import gitrun
+from specpilot.devices import device_list
+
+from . import stats
+from .pairing import baseline, judge, run_pair, system, write_verdict
+from .ports import Ports
 
 BUDGETS = ("chain", "best-first:16", "best-first:32", "best-first:63")
 DEPLOYMENT_DEFAULTS = {
@@ -124,37 +116,74 @@ def _git(repo, *args) -> str:
     return gitrun.run(repo, *args, check=True).stdout.strip()
 
 
-class Round:
-    """Runs rounds for one deployment in `run_dir`, resuming from its state file."""
+class Cancelled(Exception):
+    """The round was cancelled; it stops between two steps."""
 
-    def __init__(self, dep: dict, run_dir: Path, agents=None, store_url: str | None = None, repo: Path | None = None,
-                 log=print, progress: bool = True):
+
+def _mean(xs) -> float | None:
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else None
+
+
+def demo_deployment() -> dict:
+    """The embedded default: the shipped micro dense target with its block+Markov drafter (stock:
+    chain speculation, the drafter's top-1 per position), two CPU cores standing for two GPUs."""
+    from specpilot import zoo
+
+    shipped = Path(zoo.__file__).resolve().parent / "checkpoints" / "micro"
+    return {"name": "micro-dense-cpu", "target": str(shipped / "dense"), "drafter": str(shipped / "dense-block-markov"),
+            "drafters": {"block_markov": str(shipped / "dense-block-markov")}, "gpu": "cpu", "devices": "cpu,cpu",
+            "workload": "humaneval", "prompts": 3, "max_new_tokens": 48, "repeats": 6, "max_candidates": 2}
+
+
+def verdict_key(dep: dict, k: int, candidate: str) -> str:
+    return f"{dep['name']}/round-{k}/{candidate}"
+
+
+def sealed_verdict(folder: Path, key: str) -> tuple[Path, dict] | None:
+    """The verdict already written for `key`, if any (a killed run may have sealed it just before)."""
+    for path in sorted(Path(folder).glob("*.json")):
+        v = json.loads(path.read_text())
+        if v.get("key") == key:
+            return path, v
+    return None
+
+
+class Round:
+    """Runs rounds for one deployment in `run_dir`, resuming from its saved state.
+
+    `ports`: the GPU workers, the memory and the planner. `state`: where the run's state document
+    is kept (`load()`, `save(doc)`: a round record, `records.RecordState`). `emit(kind, data)` is
+    told of every step, candidate and verdict as they happen; `cancelled()` is asked between steps."""
+
+    def __init__(self, dep: dict, run_dir: Path, ports: Ports, state, agents: list[str] | None = None,
+                 repo: Path | None = None, log=print, progress: bool = True, emit=None, cancelled=None):
         self.dep, self.dir, self.log, self.progress = dep, Path(run_dir), log or (lambda *a: None), progress
+        self.workers, self.memory, self.planner = ports.workers, ports.memory, ports.planner
+        self.agents = list(agents or ["search"])
+        self.emit = emit or (lambda kind, data: None)
+        self.cancelled = cancelled or (lambda: False)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.state_path = self.dir / "state.json"
+        self.store_state = state
         self.repo = Path(repo) if repo else None
-        self.state = json.loads(self.state_path.read_text()) if self.state_path.is_file() else {}
+        self.state = self.store_state.load() or {}
         if self.state and self.state["deployment"] != dep:
             raise ValueError(f"{self.dir} holds a run of another deployment; use a new --run-dir")
         stock_rev = _git(self.repo, "rev-parse", "HEAD") if self.repo else None
         self.state.setdefault("deployment", dep)
         self.state.setdefault("stock_rev", stock_rev)
         self.state.setdefault("rounds", [])
-        self.store = Store(store_url or f"sqlite:///{self.dir / 'memory.db'}")
-        if not self.store.list():
-            for e in seed_entries():
-                self.store.add(e)
-        self.agents = agents if agents is not None else [SearchAgent(dep["max_candidates"])]
         self.stock = stock_config(dep)
         self.requests = requests_of(dep)
-        self.devices = device_list(dep["devices"])
-        self.worktrees: list[Path] = []
+        self.devices = self.workers.devices(dep)
 
     # ------------------------------------------------------------------ state
     def save(self) -> None:
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.state, indent=1))
-        os.replace(tmp, self.state_path)
+        self.store_state.save(self.state)
+
+    def check_cancelled(self) -> None:
+        if self.cancelled():
+            raise Cancelled("cancelled")
 
     def incumbent(self) -> dict:
         done = [r for r in self.state["rounds"] if r.get("status") == "done"]
@@ -162,22 +191,9 @@ class Round:
             return done[-1]["next_incumbent"]
         return {"label": "stock", "config": dict(self.stock), "patch": "", "entries": [], "code_entries": []}
 
-    # ------------------------------------------------------------------ systems
-    def system(self, inc_or_cand: dict, tag: str) -> dict:
-        """An engine config for a worker; a system with code gets a worktree (kept for the run)."""
-        cfg = dict(inc_or_cand["config"])
-        if inc_or_cand.get("patch", "").strip():
-            dest = Path(tempfile.mkdtemp(prefix=f"specpilot-{tag}-")) / "wt"
-            build_worktree(self.repo, self.state["stock_rev"], inc_or_cand["patch"], dest)
-            self.worktrees.append(dest)
-            cfg["root"] = str(dest)
-        return cfg
-
-    def close(self) -> None:
-        for wt in self.worktrees:
-            remove_worktree(self.repo, wt)
-        self.worktrees.clear()
-        self.store.close()
+    def system(self, inc_or_cand: dict) -> dict:
+        """The system to build: its engine config, its code patch and the pinned stock revision."""
+        return system(inc_or_cand["config"], inc_or_cand.get("patch", ""), self.state["stock_rev"])
 
     def bar(self, total: int, desc: str):
         return tqdm(total=total, desc=desc, unit="run", file=sys.stderr, disable=not self.progress, leave=False)
@@ -185,76 +201,88 @@ class Round:
     # ------------------------------------------------------------------ steps
     def profile(self, rec: dict) -> None:
         inc = rec["incumbent"]
-        w = Worker(self.system(inc, "profile"), self.devices[0], self.dep["timeout"])
+        self.emit("step", {"round": rec["round"], "step": "profile", "system": inc["label"]})
+        t0 = time.perf_counter()
+        w = self.workers.start(self.system(inc), self.devices[0], self.dep["timeout"])
         try:
             with self.bar(1, f"round {rec['round']}: profiling {inc['label']}") as b:
-                reply, _ = w.call({"profile": {"requests": self.requests, "new_tokens": self.dep["max_new_tokens"],
-                                               "budgets": self.dep["budgets"], "replay": self._replays()}}, "profile")
+                measurement = w.profile({"requests": self.requests, "new_tokens": self.dep["max_new_tokens"],
+                                         "budgets": self.dep["budgets"], "replay": self._replays()})
                 b.update(1)
         finally:
             w.close()
-        rec["measurement"] = reply["profile"]
-        rec["costmodel"] = costmodel.analyze(reply["profile"], self.dep["gpu"])
+        rec["measurement"] = measurement
+        rec["profile_seconds"] = time.perf_counter() - t0
+        rec["costmodel"] = self.planner.analyze(measurement, self.dep["gpu"])
         rec["direction"] = rec["costmodel"]["direction"]
 
     def _replays(self) -> list[str]:
         """Every tree policy a stored variant names (exact replay prices them without running)."""
         out = []
-        for e in self.store.list():
-            for opts in e.variants.values():
+        for e in self.memory.entries():
+            for opts in e["variants"].values():
                 if opts.get("mode") == "tree" and not opts.get("tree", "").startswith("sequoia"):
                     out.append(opts["tree"])
         return sorted(set(out)) + ["chain"]
 
     def propose(self, rec: dict) -> None:
-        plan = port(port_deployment(self.dep), self.store.catalog())
+        self.emit("step", {"round": rec["round"], "step": "propose"})
         inc = rec["incumbent"]
         tried = tuple(c["name"] for r in self.state["rounds"] if r is not rec for c in r.get("candidates", [])
                       if c.get("verdict") or c.get("error"))
-        ctx = Context(round=rec["round"], deployment=self.dep, incumbent=inc["config"], incumbent_patch=inc["patch"],
-                      costmodel=rec["costmodel"], direction=rec["direction"],
-                      memory=[e.to_dict() for e in plan.order], tried=tried)
-        cands, logs = [], {}
-        for agent in self.agents:
-            got = agent.propose(ctx)
-            logs[agent.name] = getattr(agent, "last_log", {})
-            cands += [c.to_dict() | {"pruned": None, "verdict": None, "error": None} for c in got]
-            cands += [{**p, "verdict": None, "error": None} for p in logs[agent.name].get("pruned", [])]
-        rec["agents"] = logs
-        rec["candidates"] = cands
+        ctx = {"round": rec["round"], "deployment": self.dep, "incumbent": inc["config"],
+               "incumbent_patch": inc["patch"], "costmodel": rec["costmodel"], "direction": rec["direction"],
+               "memory": self.memory.port(port_deployment(self.dep)), "tried": list(tried)}
+        out = self.planner.propose(ctx, self.agents, str(self.repo) if self.repo else None, self.state["stock_rev"],
+                                   self.dep["timeout"])
+        rec["agents"] = out["logs"]
+        rec["candidates"] = [{**c, "verdict": None, "error": None} for c in out["candidates"]]
+        for c in rec["candidates"]:
+            self.emit("candidate", {"round": rec["round"], "name": c["name"], "pruned": c["pruned"]})
 
     def evaluate(self, rec: dict) -> None:
         if "baseline" not in self.state:  # stock against itself: the same for every round of the run
+            self.emit("step", {"round": rec["round"], "step": "baseline"})
             with self.bar(2 * self.dep["repeats"], "stock noise (stock vs stock)") as b:
-                self.state["baseline"] = baseline(self.stock, self.requests, self.devices, self.dep["repeats"],
-                                                  self.dep["timeout"], b.update, self.dep["warmup"])
+                self.state["baseline"] = baseline(system(self.stock, "", self.state["stock_rev"]), self.requests,
+                                                  self.devices, self.dep["repeats"], self.dep["timeout"], b.update,
+                                                  self.dep["warmup"], workers=self.workers)
             self.save()
         inc = rec["incumbent"]
         for c in rec["candidates"]:
             if c["pruned"] or c["verdict"] or c["error"]:
                 continue
-            cand = {"config": {**inc["config"], **c["options"]}, "patch": self._joined_patch(inc, c)}
+            self.check_cancelled()
+            key = verdict_key(self.dep, rec["round"], c["name"])
+            self.emit("step", {"round": rec["round"], "step": "judge", "candidate": c["name"]})
+            t0 = time.perf_counter()
             try:
-                cand_cfg, inc_cfg = self.system(cand, "candidate"), self.system(inc, "incumbent")
-                with self.bar(2 * self.dep["repeats"], f"round {rec['round']}: {c['name']}") as b:
-                    v = judge(cand_cfg, inc_cfg, self.stock, self.requests, self.devices, self.dep["repeats"],
-                              timeout=self.dep["timeout"], progress=b.update, base=self.state["baseline"],
-                              warmup=self.dep["warmup"])
-                path = write_verdict(v, self.dir / "verdicts")
+                sealed = sealed_verdict(self.dir / "verdicts", key)
+                if sealed:  # sealed before a kill, not yet in the state: read back, never judged again
+                    path, v = sealed
+                else:
+                    cand = {"config": {**inc["config"], **c["options"]}, "patch": self._joined_patch(inc, c)}
+                    with self.bar(2 * self.dep["repeats"], f"round {rec['round']}: {c['name']}") as b:
+                        v = judge(self.system(cand), self.system(inc), system(self.stock, "", self.state["stock_rev"]),
+                                  self.requests, self.devices, self.dep["repeats"], timeout=self.dep["timeout"],
+                                  progress=b.update, base=self.state["baseline"], warmup=self.dep["warmup"],
+                                  workers=self.workers)
+                    path = write_verdict({**v, "key": key}, self.dir / "verdicts")
                 c["verdict"] = {"path": str(path), "id": path.stem, "accepted": v["accepted"], "gain": v["gain"],
                                 "lower_bound": v["lower_bound"], "threshold": v["threshold"],
                                 "stock_noise": v["stock_noise"], "reasons": v["reasons"],
-                                "forcing_passed": v["forcing"]["passed"]}
+                                "forcing_passed": v["forcing"]["passed"],
+                                "candidate_tps": _mean(x["candidate_tps"] for x in v["samples"]),
+                                "incumbent_tps": _mean(x["incumbent_tps"] for x in v["samples"]),
+                                "seconds": time.perf_counter() - t0}
                 mark = "ACCEPTED" if v["accepted"] else "rejected"
                 self.log(f"  {c['name']}: ×{v['gain']:.3f} (95 % lower bound ×{v['lower_bound']:.3f}, "
                          f"needs > ×{1 + v['threshold']:.3f}) → {mark}")
-            except (BuildError, RuntimeError, ValueError, patches.PatchRefused) as e:
+            except (RuntimeError, ValueError) as e:  # a build refused, a worker died or timed out
                 c["error"] = f"{type(e).__name__}: {e}"
                 self.log(f"  {c['name']}: could not be evaluated: {e}")
-            finally:
-                for wt in self.worktrees:
-                    remove_worktree(self.repo, wt)
-                self.worktrees.clear()
+            self.emit("verdict", {"round": rec["round"], "name": c["name"], "verdict": c["verdict"],
+                                  "error": c["error"]})
             self.save()
 
     @staticmethod
@@ -276,63 +304,49 @@ class Round:
             try:
                 entry = self.store_entry(rec, best)
                 break
-            except (ReproduceError, EntryError, GraphError, BuildError, ValueError) as e:
+            except (RuntimeError, ValueError) as e:
                 best["error"] = f"accepted, but not stored in memory: {e}"
                 self.log(f"  {best['name']}: {best['error']}")
         if entry is None:
             rec["next_incumbent"] = inc
             return
+        key = f"{entry['id']}@{entry['version']}"
         v = best["verdict"]
-        rec["accepted"] = [{"candidate": best["name"], "entry": entry.key, "gain": v["gain"],
+        rec["accepted"] = [{"candidate": best["name"], "entry": key, "gain": v["gain"],
                             "lower_bound": v["lower_bound"], "verdict_id": v["id"]}]
-        code = inc["code_entries"] + ([entry.key] if best.get("patch", "").strip() else [])
+        code = inc["code_entries"] + ([key] if best.get("patch", "").strip() else [])
         rec["next_incumbent"] = {"label": best["name"], "config": {**inc["config"], **best["options"]},
-                                 "patch": self._joined_patch(inc, best), "entries": inc["entries"] + [entry.key],
+                                 "patch": self._joined_patch(inc, best), "entries": inc["entries"] + [key],
                                  "code_entries": code}
 
-    def store_entry(self, rec: dict, c: dict) -> Entry:
+    def store_entry(self, rec: dict, c: dict) -> dict:
         """The accepted candidate as a memory entry: a new version of the entry it instantiates
         (config-only: no delta), or a new entry carrying its code delta; stored after the reproduce
         check (stock + requirements + delta == the accepted system's code)."""
         inc = rec["incumbent"]
-        lineage = Lineage(round=f"{self.dep['name']}/round-{rec['round']}", candidate=c["name"])
-        for e in self.store.list():  # resumed after storing, before saving the state
-            if e.lineage == lineage:
+        lineage = {"round": f"{self.dep['name']}/round-{rec['round']}", "candidate": c["name"]}
+        for e in self.memory.entries():  # resumed after storing, before saving the state
+            if e.get("lineage") == lineage:
                 return e
         v = c["verdict"]
-        evidence = Evidence(deployment=port_deployment(self.dep), gain=v["gain"], lower_bound=v["lower_bound"],
-                            verdict_id=v["id"])
-        requires = tuple(Requirement(k.split("@")[0], f"=={k.split('@')[1]}") for k in inc["code_entries"])
+        evidence = {"deployment": port_deployment(self.dep), "gain": v["gain"], "lower_bound": v["lower_bound"],
+                    "verdict_id": v["id"]}
+        requires = [{"id": k.split("@")[0], "constraint": f"=={k.split('@')[1]}"} for k in inc["code_entries"]]
         if c.get("entry"):
-            base = self.store.get(c["entry"].split("@")[0])
-            entry = Entry(id=base.id, version=max(self.store.versions(base.id)) + 1, title=base.title,
-                          requires=requires, variants=base.variants, contract=base.contract, evidence=evidence,
-                          limits=base.limits, unverified=base.unverified, lineage=lineage, reuse_of=c["entry"])
+            base = self.memory.get(c["entry"].split("@")[0])
+            entry = {**base, "version": max(self.memory.versions(base["id"])) + 1, "requires": requires,
+                     "evidence": evidence, "lineage": lineage, "reuse_of": c["entry"]}
         else:
             slug = f"patch-{self.dep['name'].lower()}-r{rec['round']}".replace("_", "-")
-            entry = Entry(id=slug, version=1, title=f"code from {c['name']} (round {rec['round']})",
-                          requires=requires, delta=c["patch"], variants={"on": {}}, evidence=evidence,
-                          lineage=lineage, unverified=("proposed by an external command; read the delta",))
-        check = None
-        if self.repo:
-            expected = self._expected_tree({"config": {}, "patch": self._joined_patch(inc, c)})
-            check = lambda e, order: reproduce(self.repo, self.state["stock_rev"], order, expected)  # noqa: E731
-        elif entry.delta or requires:
-            raise ValueError("storing an entry with code needs the engine's git repository (--repo)")
-        try:
-            return self.store.add(entry, reproduce=check)
-        except EntryExists:
-            return self.store.get(entry.id)
-
-    def _expected_tree(self, system: dict) -> str:
-        if not system["patch"].strip():
-            return _git(self.repo, "rev-parse", f"{self.state['stock_rev']}^{{tree}}")
-        dest = Path(tempfile.mkdtemp(prefix="specpilot-tree-")) / "wt"
-        build_worktree(self.repo, self.state["stock_rev"], system["patch"], dest)
-        try:
-            return tree_of_worktree(dest)
-        finally:
-            remove_worktree(self.repo, dest)
+            entry = {"id": slug, "version": 1, "title": f"code from {c['name']} (round {rec['round']})",
+                     "requires": requires, "delta": c["patch"], "variants": {"on": {}}, "evidence": evidence,
+                     "lineage": lineage, "unverified": ["proposed by an external command; read the delta"]}
+        expected = None
+        if entry.get("delta", "").strip() or requires:
+            if not self.repo:
+                raise ValueError("storing an entry with code needs the engine's git repository (--repo)")
+            expected = self.workers.code_tree(self.state["stock_rev"], self._joined_patch(inc, c))
+        return self.memory.store(entry, expected)
 
     # ------------------------------------------------------------------ the loop
     def run_round(self, k: int) -> dict:
@@ -345,6 +359,7 @@ class Round:
         if rec["status"] == "done":
             return rec
         self.log(f"round {k}: incumbent {rec['incumbent']['label']}")
+        self.check_cancelled()
         if "costmodel" not in rec:
             self.profile(rec)
             self.save()
@@ -353,13 +368,16 @@ class Round:
         self.log(f"  τ {cm['tau_current']:.2f} · ×{cm['speedup_current']:.2f} over AR by the cost model · ceiling "
                  f"tree ×{f['tree']:.2f}, kernels ×{f['kernels']:.2f}, off-profile ×{f['off_profile']:.2f} "
                  f"→ direction {rec['direction']}")
+        self.check_cancelled()
         if "candidates" not in rec:
             self.propose(rec)
             self.save()
         live = [c for c in rec["candidates"] if not c["pruned"]]
         self.log(f"  {len(live)} candidates ({len(rec['candidates']) - len(live)} pruned by exact replay / cost model)")
         self.evaluate(rec)
+        self.check_cancelled()
         if "accepted" not in rec:
+            self.emit("step", {"round": k, "step": "accept"})
             self.accept(rec)
             self.save()
         rec["result"] = self.result(rec)
@@ -367,6 +385,7 @@ class Round:
         self.save()
         for a in rec["accepted"]:
             self.log(f"  accepted {a['candidate']} as memory entry {a['entry']} (×{a['gain']:.3f})")
+        self.emit("step", {"round": k, "step": "done", "accepted": [a["entry"] for a in rec["accepted"]]})
         return rec
 
     def result(self, rec: dict) -> dict:
@@ -389,58 +408,55 @@ class Round:
         out = {"label": inc["label"], "config": inc["config"], "entries": inc["entries"]}
         if "final" in self.state and self.state["final"].get("label") == inc["label"]:
             return self.state["final"]
+        self.emit("step", {"step": "final", "system": inc["label"]})
         reps = self.dep["repeats"]
-        try:
-            sys_cfg = self.system(inc, "final")
-            for key, other in (("speedup_over_stock", self.stock), ("speedup_over_ar", {**self.stock, "mode": "ar"})):
-                if key == "speedup_over_stock" and inc["label"] == "stock":
-                    out[key] = {"gain": 1.0, "lower_bound": 1.0}
-                    continue
-                with self.bar(2 * reps, f"final: {inc['label']} vs {'stock' if 'stock' in key else 'AR'}") as b:
-                    r = run_pair(sys_cfg, other, self.requests, self.devices, reps, self.dep["timeout"], b.update,
-                                 self.dep["warmup"])
-                est = stats.gain(r["samples"])
-                out[key] = {"gain": est.gain, "lower_bound": est.lower}
-        finally:
-            for wt in self.worktrees:
-                remove_worktree(self.repo, wt)
-            self.worktrees.clear()
+        stock = system(self.stock, "", self.state["stock_rev"])
+        for key, other in (("speedup_over_stock", stock),
+                           ("speedup_over_ar", {**stock, "config": {**self.stock, "mode": "ar"}})):
+            if key == "speedup_over_stock" and inc["label"] == "stock":
+                out[key] = {"gain": 1.0, "lower_bound": 1.0}
+                continue
+            self.check_cancelled()
+            with self.bar(2 * reps, f"final: {inc['label']} vs {'stock' if 'stock' in key else 'AR'}") as b:
+                r = run_pair(self.system(inc), other, self.requests, self.devices, reps, self.dep["timeout"], b.update,
+                             self.dep["warmup"], workers=self.workers)
+            est = stats.gain(r["samples"])
+            out[key] = {"gain": est.gain, "lower_bound": est.lower}
         self.state["final"] = out
         self.save()
         return out
 
     def run(self, rounds: int) -> dict:
-        try:
-            for k in range(1, rounds + 1):
-                self.run_round(k)
-            final = self.final()
-            summary = {"deployment": self.dep, "rounds": self.state["rounds"], "final": final}
-            summary["report"] = str(report.write_report(summary, self.dir / "report"))
-            self.state["report"] = summary["report"]
-            self.save()
-            return summary
-        finally:
-            self.close()
+        for k in range(1, rounds + 1):
+            self.run_round(k)
+        final = self.final()
+        summary = {"deployment": self.dep, "rounds": self.state["rounds"], "final": final}
+        self.emit("step", {"step": "report"})
+        summary["report"] = self.planner.report(summary, str(self.dir / "report"))
+        self.state["report"] = summary["report"]
+        self.save()
+        return summary
 
 
-def make_agents(specs: list[str], dep: dict, repo: Path | None, timeout: float = 600.0) -> list:
-    agents = []
-    for s in specs or ["search"]:
-        if s == "search":
-            agents.append(SearchAgent(dep["max_candidates"]))
-        elif s.startswith("command:"):
-            if repo is None:
-                raise ValueError("--agent command:CMD needs the engine's git repository (--repo DIR)")
-            agents.append(CommandAgent(s[len("command:"):], repo, _git(repo, "rev-parse", "HEAD"), timeout))
-        else:
-            raise ValueError(f"--agent {s!r}: expected search or command:CMD")
-    return agents
+def summary_json(summary: dict) -> dict:
+    """A run as `specpilot demo --json` and the controller's REST API show it (a run still in
+    progress shows what it has so far)."""
+    final = summary.get("final") or {}
 
+    def verdict(c, k):
+        return (c.get("verdict") or {}).get(k)
 
-def find_repo() -> Path | None:
-    """The git checkout this package runs from, if any (editable installs)."""
-    here = Path(__file__).resolve().parent.parent
-    try:
-        return Path(_git(here, "rev-parse", "--show-toplevel"))
-    except (gitrun.GitFailed, FileNotFoundError):
-        return None
+    return {
+        "rounds": [{"round": r.get("round"), "status": r.get("status"), "direction": r.get("direction"),
+                    "candidates": [{"name": c["name"], "pruned": c.get("pruned"), "error": c.get("error"),
+                                    "accepted": bool(verdict(c, "accepted")), "gain": verdict(c, "gain"),
+                                    "lower_bound": verdict(c, "lower_bound")}
+                                   for c in r.get("candidates", [])],
+                    "accepted": [{"entry": a["entry"], "gain": a["gain"], "lower_bound": a["lower_bound"]}
+                                 for a in r.get("accepted", [])]}
+                   for r in summary.get("rounds", [])],
+        "speedup_over_stock": (final.get("speedup_over_stock") or {}).get("gain"),
+        "speedup_over_ar": (final.get("speedup_over_ar") or {}).get("gain"),
+        "final": final,
+        "report": summary.get("report"),
+    }

@@ -1,0 +1,1 @@
+"""Generated gRPC stubs of proto/specpilot/v1/ (`make proto`; do not edit by hand)."""
