@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,11 +37,49 @@ def timed_generate(sys_: System, requests: list[dict]) -> tuple[list[list[int]],
     return outputs, prompt_ids, time.perf_counter() - t0
 
 
+STEADY_RUNS, STEADY_SPREAD, MAX_WARMUP = 3, 0.03, 12
+
+
+def steady(seconds: list[float], runs: int = STEADY_RUNS, spread: float = STEADY_SPREAD) -> bool:
+    """The last `runs` round trips lie within `spread` of their median (relative): the system's
+    compiles, captures, allocator growth and clock ramp-up are behind it."""
+    if len(seconds) < runs:
+        return False
+    last = sorted(seconds[-runs:])
+    mid = last[len(last) // 2]
+    return (last[-1] - last[0]) <= spread * mid
+
+
+def warm_up(sys_: System, requests: list[dict], least: int, most: int = MAX_WARMUP) -> list[float]:
+    """Untimed runs of the requests until the round trip is steady (at least `least`, at most
+    `most` runs); returns the round trips, for the verdict."""
+    seconds: list[float] = []
+    while len(seconds) < most and (len(seconds) < least or not steady(seconds)):
+        seconds.append(timed_generate(sys_, requests)[2])
+    return seconds
+
+
+def gpu_clocks(devices: list[str]) -> dict:
+    """SM and memory clocks of the local CUDA devices, as nvidia-smi reads them (left as they
+    are: the controller records them, never sets them); {} without CUDA devices or nvidia-smi."""
+    idx = sorted({d.split(":")[1] if ":" in d else "0" for d in devices if d.startswith("cuda")})
+    if not idx:
+        return {}
+    try:
+        r = subprocess.run(["nvidia-smi", "-i", ",".join(idx), "--query-gpu=index,clocks.sm,clocks.mem",
+                            "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    rows = [line.split(", ") for line in r.stdout.strip().splitlines() if r.returncode == 0]
+    return {f"cuda:{row[0]}": {"sm_MHz": row[1], "mem_MHz": row[2]} for row in rows if len(row) == 3}
+
+
 def run_pair(candidate: dict, incumbent: dict, requests: list[dict], devices: list[str], repeats: int,
              timeout: float = 600.0, progress=None, warmup: int = 1, *, workers: GpuWorkers) -> dict:
-    """Time candidate against incumbent (systems: `system(...)`) on the swapped schedule after
-    `warmup` untimed runs of the requests per worker, each system started by `workers` on each
-    device. Returns the samples and the outputs of every timed run per system."""
+    """Time candidate against incumbent (systems: `system(...)`) on the swapped schedule, each
+    system started by `workers` on each device and warmed up until its round trip is steady
+    (`warm_up`: at least `warmup` untimed runs). Returns the samples, the outputs of every timed
+    run per system, the warm-up round trips and the GPU clocks seen before and after."""
     runs = stats.schedule([("workload", 1)], len(devices), repeats)
     configs = {stats.CANDIDATE: candidate, stats.INCUMBENT: incumbent}
     started: dict = {}
@@ -56,9 +95,10 @@ def run_pair(candidate: dict, incumbent: dict, requests: list[dict], devices: li
                 failed = failed or f.exception()
         if failed:
             raise failed
-        with ThreadPoolExecutor(len(started)) as pool:  # warm-up, untimed (caches, allocators, lazy kernels)
-            for f in [pool.submit(w.generate, requests) for w in started.values() for _ in range(warmup)]:
-                f.result()
+        with ThreadPoolExecutor(len(started)) as pool:  # side by side, as the timed runs will be
+            futures = {k: pool.submit(warm_up, w, requests, warmup) for k, w in started.items()}
+            warm = {f"{k[0]}@{devices[k[1]]}": f.result() for k, f in futures.items()}
+        clocks_before = gpu_clocks(devices)
         prompt_ids: list = []
         tps, outputs = [0.0] * len(runs), {s: [] for s in configs}
         for step in sorted({r.step for r in runs}):
@@ -87,7 +127,8 @@ def run_pair(candidate: dict, incumbent: dict, requests: list[dict], devices: li
     finally:
         for w in started.values():
             w.close()
-    return {"samples": stats.pair(runs, tps), "outputs": outputs, "prompt_ids": prompt_ids}
+    return {"samples": stats.pair(runs, tps), "outputs": outputs, "prompt_ids": prompt_ids, "warmup_s": warm,
+            "clocks": {"before": clocks_before, "after": gpu_clocks(devices)}}
 
 
 def code_hash() -> str:
@@ -116,7 +157,7 @@ def baseline(stock: dict, requests: list[dict], devices: list[str], repeats: int
         scorer.close()
         ar_worker.close()
     return {"samples": [dataclasses.asdict(x) for x in aa["samples"]], "stock_outputs": stock_out,
-            "prompt_ids": aa["prompt_ids"], "delta": delta}
+            "prompt_ids": aa["prompt_ids"], "delta": delta, "warmup_s": aa["warmup_s"], "clocks": aa["clocks"]}
 
 
 def _outputs(requests, prompt_ids, tokens) -> list[SystemOutput]:
@@ -162,6 +203,7 @@ def judge(candidate: dict, incumbent: dict, stock: dict, requests: list[dict], d
         "gain": est.gain, "lower_bound": est.lower, "stock_noise": decision.stock_noise,
         "threshold": decision.threshold, "outputs_differ": cand_out[0] != inc_out[0],
         "outputs_deterministic": deterministic, "forcing": forced, "accepted": accepted, "reasons": reasons,
+        "warmup_s": main["warmup_s"], "clocks": main["clocks"],
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
