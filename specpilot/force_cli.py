@@ -1,6 +1,6 @@
 """`specpilot force`: token forcing of a system's outputs against stock's, from the command line.
 
-This module composes two services in one process, which only `specpilot/` may do (DESIGN.md §2):
+This module composes two services in one process, which only `specpilot/` may do (docs/METHOD.md §2):
 the controller's pure token-forcing logic (`services/controller/forcing.py`) and a local scorer
 from the GPU worker (`services/gpu_worker/scoring.py`). torch and the engine load only when the
 command runs, so registering the command costs nothing.

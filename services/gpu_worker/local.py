@@ -1,5 +1,5 @@
 """A GPU worker in its own process, speaking JSON lines on stdin/stdout: the local stand-in for
-the gRPC server (DESIGN.md §2), used by the embedded mode and the controller's paired runs.
+the gRPC server (docs/METHOD.md §2), used by the embedded mode and the controller's paired runs.
 
   python -m specpilot.services.gpu_worker.local '{"engine": {...EngineConfig...}, "device": "cpu:0", "root": "/wt"}'
 
