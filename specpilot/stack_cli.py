@@ -14,6 +14,7 @@ SQLite files under --data. Logs: <data>/logs/, the processes: <data>/stack.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -273,6 +274,11 @@ def serve_controller(args) -> int:
         print(f"specpilot controller: SPECPILOT_TOKEN is not set; this run's token: {token}", file=sys.stderr,
               flush=True)
     s.data_dir.mkdir(parents=True, exist_ok=True)
+    if getattr(args, "store", None):  # `serve controller --store URL`: the round records' database
+        s = dataclasses.replace(s, db_url=args.store)
+    from specpilot.sqldb import check_url
+
+    check_url(s.records_url, "--store" if getattr(args, "store", None) else "SPECPILOT_DB_URL")
     app = create_app(Records(s.records_url), CeleryQueue(make_celery(s.redis_url), s.redis_url),
                      GrpcWorkers(list(s.workers)), RestMemory(s.memory_url), s.data_dir, token)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
