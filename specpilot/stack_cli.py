@@ -267,18 +267,19 @@ def serve_controller(args) -> int:
     from specpilot.services.controller.remote import CeleryQueue, GrpcWorkers, RestMemory
     from specpilot.settings import Settings
 
+    from specpilot.sqldb import check_url
+
     s = Settings.from_env()
+    if getattr(args, "store", None):  # `serve controller --store URL`: the round records' database
+        s = dataclasses.replace(s, db_url=args.store)
+    if s.db_url:
+        check_url(s.db_url, "--store" if getattr(args, "store", None) else "SPECPILOT_DB_URL")
     token = s.token
     if not token:
         token = secrets.token_urlsafe(24)
         print(f"specpilot controller: SPECPILOT_TOKEN is not set; this run's token: {token}", file=sys.stderr,
               flush=True)
     s.data_dir.mkdir(parents=True, exist_ok=True)
-    if getattr(args, "store", None):  # `serve controller --store URL`: the round records' database
-        s = dataclasses.replace(s, db_url=args.store)
-    from specpilot.sqldb import check_url
-
-    check_url(s.records_url, "--store" if getattr(args, "store", None) else "SPECPILOT_DB_URL")
     app = create_app(Records(s.records_url), CeleryQueue(make_celery(s.redis_url), s.redis_url),
                      GrpcWorkers(list(s.workers)), RestMemory(s.memory_url), s.data_dir, token)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
