@@ -19,13 +19,13 @@ class LineProgress:
 
     def __init__(self, total: int | None, desc: str, unit: str, file, every_s: float, disable: bool):
         self.total, self.desc, self.unit, self.file, self.every_s = total, desc, unit, file, every_s
-        self.disable, self.n, self.t0, self.last = disable, 0, time.monotonic(), None
+        self.disable, self.n, self.t0, self.last, self.shown = disable, 0, time.monotonic(), None, 0
 
     def _line(self) -> None:
         of = f"/{self.total}" if self.total is not None else ""
         print(f"{self.desc}: {self.n}{of} {self.unit} ({time.monotonic() - self.t0:.0f} s)", file=self.file,
               flush=True)
-        self.last = time.monotonic()
+        self.last, self.shown = time.monotonic(), self.n
 
     def update(self, n: int = 1) -> None:
         self.n += n
@@ -33,7 +33,7 @@ class LineProgress:
             self._line()
 
     def close(self) -> None:
-        if not self.disable and self.n and self.last is not None and time.monotonic() > self.last:
+        if not self.disable and self.n != self.shown:
             self._line()
         self.disable = True
 
