@@ -236,6 +236,10 @@ class Stack:
 
 
 def run_up(args) -> int:
+    from specpilot.sqldb import check_url
+
+    if args.db:
+        check_url(args.db, "--db")
     stack = Stack(args)
 
     def stop(*_):
