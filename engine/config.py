@@ -26,6 +26,7 @@ LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
 
 
 _MISSING = object()
+MAX_LAYERS, MAX_HEADS = 1024, 1024  # beyond any released model: a larger value is a typo
 
 
 def checked_field(d: dict, key: str, source: str, kind: str, default=_MISSING, low=None, high=None):
@@ -139,8 +140,8 @@ class ModelConfig:
                 f"supported: {', '.join(ARCHITECTURES)}"
             )
         family = ARCHITECTURES[known[0]]
-        n_layers = _positive(d, "num_hidden_layers", source)
-        n_heads = _positive(d, "num_attention_heads", source)
+        n_layers = checked_field(d, "num_hidden_layers", source, "int", low=1, high=MAX_LAYERS)
+        n_heads = checked_field(d, "num_attention_heads", source, "int", low=1, high=MAX_HEADS)
         hidden = _positive(d, "hidden_size", source)
         vocab = _positive(d, "vocab_size", source)
         rope = d.get("rope_parameters") or {}

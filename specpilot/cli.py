@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -58,6 +59,8 @@ def check_engine_flags(args) -> None:
                          f"{MAX_DRAFT_LEN + 1} rows, the root included)")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens {args.max_new_tokens}: expected a positive integer")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+        raise ValueError(f"--device {args.device!r}: expected cpu, cuda or cuda:N")
     from specpilot.engine.checkpoint import check_system, read_config
 
     check_system(args.target, args.drafter if args.mode != "ar" else None, args.force_drafter)
@@ -254,6 +257,9 @@ def cmd_pair(args) -> int:
 def cmd_selftest(args) -> int:
     from specpilot.selftest import run_selftest
 
+    if args.trials < 1 or args.real_runs < 0:
+        raise ValueError(f"--trials {args.trials} / --real-runs {args.real_runs}: expected --trials 1 or more and "
+                         "--real-runs 0 or more")
     out = run_selftest(trials=args.trials, progress=not args.json, real_runs=args.real_runs)
     if args.json:
         print(json.dumps(out))

@@ -56,7 +56,8 @@ def check_deployment(dep: dict, force_drafter: bool = False) -> None:
     """What the controller's `load_deployment` cannot check without the engine and the zoo: every
     checkpoint loads and its drafters fit the target, the workload exists and parses, the device
     kind and the tree budgets are known — before any worker starts."""
-    from specpilot.engine.checkpoint import check_system
+    from specpilot.engine.checkpoint import check_system, read_config
+    from specpilot.engine.drafters import FEATURE_KINDS
     from specpilot.engine.trees import parse_policy
     from specpilot.services.controller.round import requests_of
     from specpilot.services.planner.costmodel import DEVICES
@@ -66,6 +67,14 @@ def check_deployment(dep: dict, force_drafter: bool = False) -> None:
             check_system(dep["target"], drafter, force_drafter)
         except ValueError as e:
             raise ValueError(f"deployment: {key}: {e}") from None
+    kinds = (*FEATURE_KINDS, "draft_lm")
+    for kind, folder in dep["drafters"].items():
+        actual = read_config(folder).get("drafter_kind", "draft_lm")
+        if kind not in kinds:
+            raise ValueError(f"deployment: drafters.{kind}: unknown drafter kind; expected one of {', '.join(kinds)}")
+        if actual != kind:
+            raise ValueError(f"deployment: drafters.{kind}: {folder} is a {actual} drafter (its config.json), not "
+                             f"{kind}; name it under \"{actual}\"")
     if dep["gpu"] not in (*DEVICES, "cpu"):
         raise ValueError(f"deployment: field 'gpu' = {dep['gpu']!r}: expected one of {', '.join((*DEVICES, 'cpu'))}")
     budgets = dep["budgets"]

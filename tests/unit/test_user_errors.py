@@ -126,7 +126,9 @@ def test_deployments_and_workloads_naming_what_does_not_exist(pair, tmp_path, ca
     base = {"name": "x", "target": str(pair / "target"), "drafter": str(pair / "drafter")}
     cases = [({"workload": "missing.jsonl"}, "workload"), ({"target": "nowhere"}, "target"),
              ({"drafters": {"block": "nowhere"}}, "drafters.block"), ({"gpu": "h900"}, "gpu"),
-             ({"budgets": ["bushy:3"]}, "budgets"), ({"devices": "tpu:0"}, "tpu"), ({"prompts": "3"}, "prompts")]
+             ({"budgets": ["bushy:3"]}, "budgets"), ({"devices": "tpu:0"}, "tpu"), ({"prompts": "3"}, "prompts"),
+             ({"drafters": {"block_markov": str(pair / "drafter")}}, "is a block drafter"),
+             ({"drafters": {"warp": str(pair / "drafter")}}, "unknown drafter kind"), ({"agent": "x"}, "agent")]
     for extra, named in cases:
         dep = tmp_path / "dep.json"
         dep.write_text(json.dumps({**base, **extra}))
