@@ -31,3 +31,11 @@ def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _user_data_home(tmp_path_factory, monkeypatch):
+    """No test reads or writes the user's own memory store (`specpilot demo` and `specpilot memory`
+    default to it): each sees an empty data folder of its own."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("data-home")))
+    monkeypatch.delenv("SPECPILOT_MEMORY_URL", raising=False)
