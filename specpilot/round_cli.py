@@ -13,7 +13,6 @@ worker first; GPUs want several), "budgets", "max_candidates", "timeout".
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -21,10 +20,6 @@ from pathlib import Path
 from specpilot.services.controller.round import summary_json as demo_json
 
 EMBEDDED_RUN = "run"  # the one round record of an embedded run folder (its rounds.db)
-
-
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The description as written, every option's default shown."""
 
 
 def _deployment_defaults() -> str:
@@ -36,16 +31,16 @@ def _deployment_defaults() -> str:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("round", help="run rounds for a deployment: profile, cost model, agents, verdicts, memory",
-                              description=__doc__ + _deployment_defaults(), formatter_class=_HelpFormatter)
+                              description=__doc__ + _deployment_defaults())
     p.add_argument("--deployment", required=True, metavar="FILE", help="deployment JSON (fields above)")
     p.add_argument("--rounds", type=int, default=1, metavar="K", help="rounds in a row")
     p.add_argument("--agent", action="append", metavar="AGENT",
                    help="search (built in; the default when none is given) | command:CMD (an external program in a "
                         "scratch worktree); repeatable")
-    p.add_argument("--run-dir", metavar="DIR", help="state, verdicts, memory and report (None: runs/<name>); "
+    p.add_argument("--run-dir", metavar="DIR", help="state, verdicts, memory and report (default: runs/<name>); "
                    "an existing one is resumed")
-    p.add_argument("--store", metavar="URL", help="memory database (None: SQLite in the run folder)")
-    p.add_argument("--repo", metavar="DIR", help="the engine's git repository (None: this checkout, if any)")
+    p.add_argument("--store", metavar="URL", help="memory database (default: SQLite in the run folder)")
+    p.add_argument("--repo", metavar="DIR", help="the engine's git repository (default: this checkout, if any)")
     p.add_argument("--force-drafter", action="store_true",
                    help="use drafters whose manifest names another target, or whose vocabulary differs")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -13,7 +13,6 @@ SQLite files under --data. Logs: <data>/logs/, the processes: <data>/stack.json.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -31,10 +30,9 @@ KIND = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
 
 def register(subparsers) -> None:
     st = subparsers.add_parser("stack", help="the distributed stack (controller, queues, gRPC workers) as local "
-                               "processes", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                               "processes", description=__doc__)
     sub = st.add_subparsers(dest="stack_command", metavar="COMMAND", required=True)
-    up = sub.add_parser("up", help="start it and keep it running until Ctrl-C", description=__doc__,
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    up = sub.add_parser("up", help="start it and keep it running until Ctrl-C", description=__doc__)
     up.add_argument("--workers", default="cpu,cpu", metavar="KINDS",
                     help="one gRPC GPU worker per listed device kind (default cpu,cpu)")
     up.add_argument("--port", type=int, default=8700, help="the controller's port (default 8700)")
