@@ -81,9 +81,8 @@ def _header(path: Path) -> dict:
     return hdr
 
 
-def read_tensors(folder, device="cpu") -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint folder, single-file or sharded."""
-    folder = Path(folder)
+def _weight_files(folder: Path) -> tuple[dict | None, list[str]]:
+    """(the index's weight map or None, the safetensors files) of a checkpoint folder."""
     if (folder / INDEX).is_file():
         try:
             wmap = json.loads((folder / INDEX).read_text())["weight_map"]
@@ -96,11 +95,51 @@ def read_tensors(folder, device="cpu") -> dict[str, torch.Tensor]:
         wmap, files = None, [SINGLE]
     else:
         raise CheckpointError(f"{folder}: no {SINGLE} or {INDEX} — not a safetensors checkpoint")
+    for fname in files:
+        if not (folder / fname).is_file():
+            raise CheckpointError(f"{folder / INDEX}: shard '{fname}' is listed but missing")
+    return wmap, files
+
+
+def _check_shard(wmap, fname: str, path: Path, name: str, seen) -> None:
+    if wmap is not None and wmap.get(name) != fname:
+        raise CheckpointError(f"{path}: tensor '{name}' is not listed for this shard in {INDEX}"
+                              f" (index says {wmap.get(name)!r})")
+    if name in seen:
+        raise CheckpointError(f"{path}: tensor '{name}' appears in more than one shard")
+
+
+def _check_index_covered(folder: Path, wmap, seen) -> None:
+    if wmap is not None:
+        missing = sorted(set(wmap) - set(seen))
+        if missing:
+            raise CheckpointError(f"{folder / INDEX}: lists tensors not found in their shards: {missing[:5]}")
+
+
+def header_shapes(folder) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape, from the safetensors headers only (no tensor data is read), checked as
+    `read_tensors` checks them."""
+    folder = Path(folder)
+    wmap, files = _weight_files(folder)
+    out: dict[str, tuple[int, ...]] = {}
+    for fname in files:
+        path = folder / fname
+        for name, info in _header(path).items():
+            if name == "__metadata__":
+                continue
+            _check_shard(wmap, fname, path, name, out)
+            out[name] = tuple(info.get("shape", []))
+    _check_index_covered(folder, wmap, out)
+    return out
+
+
+def read_tensors(folder, device="cpu") -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint folder, single-file or sharded."""
+    folder = Path(folder)
+    wmap, files = _weight_files(folder)
     out: dict[str, torch.Tensor] = {}
     for fname in files:
         path = folder / fname
-        if not path.is_file():
-            raise CheckpointError(f"{folder / INDEX}: shard '{fname}' is listed but missing")
         hdr = _header(path)
         try:
             handle = safe_open(str(path), framework="pt", device=str(device))
@@ -108,29 +147,18 @@ def read_tensors(folder, device="cpu") -> dict[str, torch.Tensor]:
             raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
         with handle as f:
             for name in f.keys():
-                if wmap is not None and wmap.get(name) != fname:
-                    raise CheckpointError(
-                        f"{path}: tensor '{name}' is not listed for this shard in {INDEX}"
-                        f" (index says {wmap.get(name)!r})")
-                if name in out:
-                    raise CheckpointError(f"{path}: tensor '{name}' appears in more than one shard")
+                _check_shard(wmap, fname, path, name, out)
                 try:
                     out[name] = f.get_tensor(name)
                 except Exception as e:  # safetensors raises its own error types on corrupt data
                     raise CheckpointError(f"{path}: tensor '{name}' cannot be read ({e})") from None
         del hdr
-    if wmap is not None:
-        missing = sorted(set(wmap) - set(out))
-        if missing:
-            raise CheckpointError(f"{folder / INDEX}: lists tensors not found in their shards: {missing[:5]}")
+    _check_index_covered(folder, wmap, out)
     return out
 
 
-def load_into(module: nn.Module, tensors: dict[str, torch.Tensor], source, dtype: torch.dtype,
-              ignore=lambda name: False) -> nn.Module:
-    """Validate names and shapes against a module built on the meta device, then assign."""
-    expected = module.state_dict()
-    given = {k: v for k, v in tensors.items() if not ignore(k)}
+def check_names_shapes(expected: dict[str, tuple], given: dict[str, tuple], source) -> None:
+    """The tensors a module expects (name → shape) against those a checkpoint holds."""
     missing = sorted(set(expected) - set(given))
     extra = sorted(set(given) - set(expected))
     if missing:
@@ -142,28 +170,115 @@ def load_into(module: nn.Module, tensors: dict[str, torch.Tensor], source, dtype
                               (f" (and {len(extra) - 1} more)" if len(extra) > 1 else "") +
                               " — config.json and the weights do not describe the same model")
     for name, ref in expected.items():
-        if tuple(given[name].shape) != tuple(ref.shape):
-            raise CheckpointError(f"{source}: tensor '{name}' has shape {tuple(given[name].shape)}, "
-                                  f"config.json implies {tuple(ref.shape)}")
+        if tuple(given[name]) != tuple(ref):
+            raise CheckpointError(f"{source}: tensor '{name}' has shape {tuple(given[name])}, "
+                                  f"config.json implies {tuple(ref)}")
+
+
+def load_into(module: nn.Module, tensors: dict[str, torch.Tensor], source, dtype: torch.dtype,
+              ignore=lambda name: False) -> nn.Module:
+    """Validate names and shapes against a module built on the meta device, then assign."""
+    given = {k: v for k, v in tensors.items() if not ignore(k)}
+    check_names_shapes({k: tuple(v.shape) for k, v in module.state_dict().items()},
+                       {k: tuple(v.shape) for k, v in given.items()}, source)
     module.load_state_dict({k: v.to(dtype) for k, v in given.items()}, strict=True, assign=True)
     return module
+
+
+def _model_config(folder: Path) -> ModelConfig:
+    try:
+        return ModelConfig.from_hf(read_config(folder), str(folder / "config.json"))
+    except ConfigError as e:
+        raise CheckpointError(str(e)) from None
+
+
+def _ignored(cfg: ModelConfig):
+    return lambda n: n.endswith("rotary_emb.inv_freq") or (cfg.family == "qwen3_next" and n.startswith("mtp."))
 
 
 def load_model(folder, dtype: torch.dtype = torch.float32, device="cpu") -> Model:
     """A target (or draft LM) from a Llama / Mistral / Qwen3 / Qwen3-Next checkpoint folder."""
     folder = Path(folder)
-    d = read_config(folder)
-    try:
-        cfg = ModelConfig.from_hf(d, str(folder / "config.json"))
-    except ConfigError as e:
-        raise CheckpointError(str(e)) from None
+    cfg = _model_config(folder)
     tensors = read_tensors(folder, device)
     with torch.device("meta"):
         model = Model(cfg)
-    ignore = lambda n: n.endswith("rotary_emb.inv_freq") or (cfg.family == "qwen3_next" and n.startswith("mtp."))
-    load_into(model, tensors, folder, dtype, ignore)
+    load_into(model, tensors, folder, dtype, _ignored(cfg))
     model.inv_freq = cfg.inv_freq().to(device)
     return model.eval()
+
+
+def check_model(folder) -> ModelConfig:
+    """Everything `load_model` checks — config.json fields, safetensors headers, tensor names and
+    shapes — without reading a weight; its config."""
+    folder = Path(folder)
+    cfg = _model_config(folder)
+    try:
+        cfg.inv_freq()
+    except (KeyError, TypeError, ZeroDivisionError) as e:
+        raise CheckpointError(f"{folder / 'config.json'}: field 'rope_scaling' is incomplete ({e!r})") from None
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in Model(cfg).state_dict().items()}
+    ignore = _ignored(cfg)
+    check_names_shapes(expected, {k: v for k, v in header_shapes(folder).items() if not ignore(k)}, folder)
+    return cfg
+
+
+def _manifest_target(drafter: Path) -> Path | None:
+    """The target folder a zoo manifest (`zoo.json` beside the drafter's folder) names for it."""
+    manifest = drafter.parent / "zoo.json"
+    try:
+        models = json.loads(manifest.read_text())["models"]
+        by_name = {m["name"]: m for m in models}
+        entry = next(m for m in models if Path(m["path"]).name == drafter.name)
+        return (manifest.parent / by_name[entry["target"]]["path"]).resolve() if entry.get("target") else None
+    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+        return None
+
+
+def check_system(target, drafter: str | None = None, force_drafter: bool = False) -> None:
+    """Refuse, before anything loads, a target or drafter folder that cannot be loaded, a drafter
+    that does not fit its target, and — unless `force_drafter` — a drafter trained for another target
+    (its zoo manifest names another one) or one whose vocabulary differs from the target's."""
+    tcfg = check_model(target)
+    if not drafter or drafter == "ngram" or drafter.startswith("ngram:"):
+        if drafter and drafter.startswith("ngram:"):
+            n = drafter.split(":", 1)[1]
+            if not n.isdigit() or int(n) < 1:
+                raise CheckpointError(f"drafter {drafter!r}: expected ngram or ngram:N with N a positive integer")
+        return
+    folder = Path(drafter)
+    hint = "; pass --force-drafter to use it anyway"
+    d = read_config(folder)
+    if "SpecPilotDrafter" in (d.get("architectures") or []):
+        from .drafters import DraftConfig, FeatureDrafterNet
+
+        cfg = DraftConfig.from_hf(d, str(folder / "config.json"))
+        with torch.device("meta"):
+            expected = {k: tuple(v.shape) for k, v in FeatureDrafterNet(cfg).state_dict().items()}
+        given = header_shapes(folder)
+        if len(given.get("mask_embedding", ())) == 1 and "mask_embedding" in expected:  # older: one shared row
+            given["mask_embedding"] = expected["mask_embedding"]
+        check_names_shapes(expected, given, folder)
+        if (cfg.vocab_size, cfg.target_hidden_size) != (tcfg.vocab_size, tcfg.hidden_size) \
+                or max(cfg.target_layers) >= tcfg.num_hidden_layers:
+            raise CheckpointError(
+                f"{folder}: this {cfg.kind} drafter (vocab_size {cfg.vocab_size}, target_hidden_size "
+                f"{cfg.target_hidden_size}, target_layers {cfg.target_layers}) does not fit the target {target} "
+                f"(vocab_size {tcfg.vocab_size}, hidden_size {tcfg.hidden_size}, {tcfg.num_hidden_layers} layers); "
+                "use the drafter trained for this target")
+    else:
+        dcfg = check_model(folder)
+        if dcfg.vocab_size != tcfg.vocab_size and not force_drafter:
+            raise CheckpointError(f"{folder}: the draft model's vocab_size {dcfg.vocab_size} differs from the "
+                                  f"target's {tcfg.vocab_size} ({target}){hint}")
+        if dcfg.is_hybrid:
+            raise CheckpointError(f"{folder}: a standalone draft model must be attention-only (its cache is rolled "
+                                  "back); this one has linear_attention layers")
+    named = _manifest_target(folder)
+    if named is not None and named != Path(target).resolve() and not force_drafter:
+        raise CheckpointError(f"{folder}: zoo.json says this drafter was trained for {named}, not for the target "
+                              f"{target}{hint}")
 
 
 def write_checkpoint(folder, config: dict, tensors: dict[str, torch.Tensor], max_shard_bytes: int | None = None):

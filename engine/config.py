@@ -25,6 +25,35 @@ ARCHITECTURES = {
 LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
 
 
+_MISSING = object()
+MAX_LAYERS, MAX_HEADS = 1024, 1024  # beyond any released model: a larger value is a typo
+
+
+def checked_field(d: dict, key: str, source: str, kind: str, default=_MISSING, low=None, high=None):
+    """One config.json field checked for its JSON type and range; a `ConfigError` naming the file,
+    the field, the value and what is allowed otherwise. kind: "int" | "float" | "bool"."""
+    if key not in d or (d[key] is None and default is not _MISSING):
+        if default is _MISSING:
+            raise ConfigError(f"{source}: required field '{key}' is missing")
+        return default
+    v = d[key]
+    if kind == "bool":
+        if not isinstance(v, bool):
+            raise ConfigError(f"{source}: field '{key}' = {v!r}: expected true or false")
+        return v
+    ok = isinstance(v, int) and not isinstance(v, bool) if kind == "int" else \
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    what = "an integer" if kind == "int" else "a finite number"
+    rng = (f" >= {low}" if low is not None else "") + (f" and <= {high}" if high is not None else "")
+    if not ok or (low is not None and v < low) or (high is not None and v > high):
+        raise ConfigError(f"{source}: field '{key}' = {v!r}: expected {what}{rng}")
+    return int(v) if kind == "int" else float(v)
+
+
+def _positive(d, key, source, default=_MISSING):
+    return checked_field(d, key, source, "int", default, low=1)
+
+
 @dataclass
 class ModelConfig:
     family: str  # llama | mistral | qwen3 | qwen3_next
@@ -100,93 +129,140 @@ class ModelConfig:
                 raise ConfigError(f"{source}: required field '{key}' is missing")
             return d[key]
 
-        archs = d.get("architectures") or []
-        known = [a for a in archs if a in ARCHITECTURES]
+        archs = d.get("architectures")
+        if archs is None or not isinstance(archs, list):
+            raise ConfigError(f"{source}: field 'architectures' = {archs!r}: expected a list naming one of "
+                              f"{', '.join(ARCHITECTURES)}")
+        known = [a for a in archs if isinstance(a, str) and a in ARCHITECTURES]
         if not known:
             raise ConfigError(
                 f"{source}: field 'architectures' = {archs!r} names no supported architecture; "
                 f"supported: {', '.join(ARCHITECTURES)}"
             )
         family = ARCHITECTURES[known[0]]
-        n_layers = int(need("num_hidden_layers"))
-        n_heads = int(need("num_attention_heads"))
-        hidden = int(need("hidden_size"))
+        n_layers = checked_field(d, "num_hidden_layers", source, "int", low=1, high=MAX_LAYERS)
+        n_heads = checked_field(d, "num_attention_heads", source, "int", low=1, high=MAX_HEADS)
+        hidden = _positive(d, "hidden_size", source)
+        vocab = _positive(d, "vocab_size", source)
         rope = d.get("rope_parameters") or {}
-        rope_theta = float(rope.get("rope_theta", d.get("rope_theta", 10000.0)))
+        if not isinstance(rope, dict):
+            raise ConfigError(f"{source}: field 'rope_parameters' = {rope!r}: expected an object")
+        rope_theta = checked_field(rope, "rope_theta", f"{source} (rope_parameters)", "float",
+                            checked_field(d, "rope_theta", source, "float", 10000.0, low=1e-9), low=1e-9)
         scaling = d.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        if scaling is not None and not isinstance(scaling, dict):
+            raise ConfigError(f"{source}: field 'rope_scaling' = {scaling!r}: expected an object or null")
+        if scaling and scaling.get("rope_type", scaling.get("type", "default")) not in ("default", "llama3"):
+            raise ConfigError(f"{source}: field 'rope_scaling' has rope_type "
+                              f"{scaling.get('rope_type', scaling.get('type'))!r}; supported: default, llama3")
+        if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3":
+            for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+                checked_field(scaling, k, f"{source} (rope_scaling)", "float", low=1e-9)
+            if not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
+                raise ConfigError(f"{source}: rope_scaling needs high_freq_factor > low_freq_factor, got "
+                                  f"{scaling['high_freq_factor']!r} and {scaling['low_freq_factor']!r}")
         # Transformers' Qwen3NextConfig defaults partial_rotary_factor to 0.25 when the field is absent
-        partial = float(rope.get("partial_rotary_factor",
-                                 d.get("partial_rotary_factor", 0.25 if family == "qwen3_next" else 1.0)))
-        sliding = d.get("sliding_window")
+        partial = checked_field(rope, "partial_rotary_factor", f"{source} (rope_parameters)", "float",
+                         checked_field(d, "partial_rotary_factor", source, "float",
+                                0.25 if family == "qwen3_next" else 1.0, low=1e-9, high=1.0), low=1e-9, high=1.0)
+        sliding = checked_field(d, "sliding_window", source, "int", None, low=1)
         if family == "qwen3" and not d.get("use_sliding_window", False) and not d.get("layer_types"):
             sliding = None
         layer_types = d.get("layer_types")
         if layer_types is None:
             if family == "qwen3_next":
-                interval = int(d.get("full_attention_interval", 4))
+                interval = _positive(d, "full_attention_interval", source, 4)
                 layer_types = [
                     "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n_layers)
                 ]
             elif family == "qwen3" and sliding is not None:
-                mwl = int(d.get("max_window_layers", n_layers))
+                mwl = checked_field(d, "max_window_layers", source, "int", n_layers, low=0)
                 layer_types = ["sliding_attention" if i >= mwl else "full_attention" for i in range(n_layers)]
             elif family == "mistral" and sliding is not None:
                 layer_types = ["sliding_attention"] * n_layers
             else:
                 layer_types = ["full_attention"] * n_layers
+        if not isinstance(layer_types, list):
+            raise ConfigError(f"{source}: field 'layer_types' = {layer_types!r}: expected a list of layer types")
         if len(layer_types) != n_layers:
             raise ConfigError(f"{source}: 'layer_types' has {len(layer_types)} entries, num_hidden_layers is {n_layers}")
         for t in layer_types:
             allowed = LAYER_TYPES if family == "qwen3_next" else LAYER_TYPES[:2]
             if t not in allowed:
-                raise ConfigError(f"{source}: layer type {t!r} in 'layer_types' is not supported for {known[0]}")
+                raise ConfigError(f"{source}: layer type {t!r} in 'layer_types' is not supported for {known[0]} "
+                                  f"(allowed: {', '.join(allowed)})")
         if "sliding_attention" in layer_types and not sliding:
             raise ConfigError(f"{source}: 'layer_types' has sliding_attention layers but 'sliding_window' is not set")
         if family == "qwen3_next":
-            mlp_only = set(d.get("mlp_only_layers") or [])
-            n_exp = int(d.get("num_experts", 0) or 0)
-            moe = [i for i in range(n_layers) if i not in mlp_only and n_exp > 0
-                   and (i + 1) % int(d.get("decoder_sparse_step", 1)) == 0]
+            mlp_only = d.get("mlp_only_layers") or []
+            if not isinstance(mlp_only, list) or not all(isinstance(i, int) for i in mlp_only):
+                raise ConfigError(f"{source}: field 'mlp_only_layers' = {mlp_only!r}: expected a list of layer indices")
+            mlp_only = set(mlp_only)
+            n_exp = checked_field(d, "num_experts", source, "int", 0, low=0)
+            step = _positive(d, "decoder_sparse_step", source, 1)
+            moe = [i for i in range(n_layers) if i not in mlp_only and n_exp > 0 and (i + 1) % step == 0]
             if moe:
                 raise ConfigError(
                     f"{source}: layers {moe} are mixture-of-experts; this engine runs dense MLPs only — "
                     "set 'mlp_only_layers' to all layer indices (or num_experts to 0)"
                 )
         eos = d.get("eos_token_id")
-        eos = [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in eos])
+        eos = [] if eos is None else [eos] if not isinstance(eos, list) else eos
+        for e in eos:
+            if not isinstance(e, int) or isinstance(e, bool) or not 0 <= e < vocab:
+                raise ConfigError(f"{source}: field 'eos_token_id' = {d.get('eos_token_id')!r}: expected token ids "
+                                  f"in [0, {vocab}) (vocab_size)")
+        bos = d.get("bos_token_id")
+        if bos is not None and (not isinstance(bos, int) or isinstance(bos, bool) or not 0 <= bos < vocab):
+            raise ConfigError(f"{source}: field 'bos_token_id' = {bos!r}: expected a token id in [0, {vocab}) or null")
+        head_dim = _positive(d, "head_dim", source, None)
+        if head_dim is None:
+            if hidden % n_heads:
+                raise ConfigError(f"{source}: hidden_size {hidden} is not a multiple of num_attention_heads {n_heads}; "
+                                  "set 'head_dim'")
+            head_dim = hidden // n_heads
+        hybrid = "linear_attention" in layer_types
+        lin = {k: checked_field(d, k, source, "int", 0, low=0) for k in ("linear_num_key_heads", "linear_num_value_heads",
+                                                                  "linear_key_head_dim", "linear_value_head_dim")}
+        if hybrid:
+            for k, v in lin.items():
+                if v < 1:
+                    raise ConfigError(f"{source}: field '{k}' = {d.get(k)!r}: linear_attention layers need a positive "
+                                      "integer")
         cfg = cls(
             family=family,
-            vocab_size=int(need("vocab_size")),
+            vocab_size=vocab,
             hidden_size=hidden,
-            intermediate_size=int(need("intermediate_size")),
+            intermediate_size=_positive(d, "intermediate_size", source),
             num_hidden_layers=n_layers,
             num_attention_heads=n_heads,
-            num_key_value_heads=int(d.get("num_key_value_heads") or n_heads),
-            head_dim=int(d.get("head_dim") or hidden // n_heads),
+            num_key_value_heads=_positive(d, "num_key_value_heads", source, n_heads),
+            head_dim=head_dim,
             layer_types=list(layer_types),
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=checked_field(d, "rms_norm_eps", source, "float", 1e-6, low=0.0),
             rope_theta=rope_theta,
             rope_scaling=dict(scaling) if scaling else None,
             partial_rotary_factor=partial,
-            max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
-            sliding_window=int(sliding) if sliding and "sliding_attention" in layer_types else None,
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            attention_bias=bool(d.get("attention_bias", False)),
-            mlp_bias=bool(d.get("mlp_bias", False)),
-            bos_token_id=d.get("bos_token_id"),
-            eos_token_id=eos,
-            linear_num_key_heads=int(d.get("linear_num_key_heads", 0) or 0),
-            linear_num_value_heads=int(d.get("linear_num_value_heads", 0) or 0),
-            linear_key_head_dim=int(d.get("linear_key_head_dim", 0) or 0),
-            linear_value_head_dim=int(d.get("linear_value_head_dim", 0) or 0),
-            linear_conv_kernel_dim=int(d.get("linear_conv_kernel_dim", 4) or 4),
+            max_position_embeddings=_positive(d, "max_position_embeddings", source, 4096),
+            sliding_window=sliding if sliding and "sliding_attention" in layer_types else None,
+            tie_word_embeddings=checked_field(d, "tie_word_embeddings", source, "bool", False),
+            attention_bias=checked_field(d, "attention_bias", source, "bool", False),
+            mlp_bias=checked_field(d, "mlp_bias", source, "bool", False),
+            bos_token_id=bos,
+            eos_token_id=list(eos),
+            linear_conv_kernel_dim=_positive(d, "linear_conv_kernel_dim", source, 4),
+            **lin,
         )
         act = d.get("hidden_act", "silu")
         if act != "silu":
-            raise ConfigError(f"{source}: 'hidden_act' = {act!r} is not supported (silu is)")
+            raise ConfigError(f"{source}: field 'hidden_act' = {act!r} is not supported (silu is)")
         if cfg.num_attention_heads % cfg.num_key_value_heads:
-            raise ConfigError(f"{source}: num_attention_heads must be a multiple of num_key_value_heads")
-        if cfg.is_hybrid and (cfg.linear_num_key_heads <= 0 or cfg.linear_num_value_heads % cfg.linear_num_key_heads):
+            raise ConfigError(f"{source}: num_attention_heads ({cfg.num_attention_heads}) must be a multiple of "
+                              f"num_key_value_heads ({cfg.num_key_value_heads})")
+        if cfg.rotary_dim < 2 or cfg.rotary_dim % 2:
+            raise ConfigError(f"{source}: head_dim {head_dim} × partial_rotary_factor {partial} gives a rotary "
+                              "dimension that is not a positive even number")
+        if cfg.is_hybrid and cfg.linear_num_value_heads % cfg.linear_num_key_heads:
             raise ConfigError(f"{source}: linear_num_value_heads must be a positive multiple of linear_num_key_heads")
         return cfg
 

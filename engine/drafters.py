@@ -27,7 +27,7 @@ from torch import nn
 
 from .cache import Cache
 from .checkpoint import CheckpointError, load_into, load_model, read_config, read_tensors, write_checkpoint
-from .config import ModelConfig
+from .config import ConfigError, ModelConfig, checked_field
 from .model import Block, Model, RMSNorm, rope_tables, run_layers
 
 TOP_K = 16
@@ -114,14 +114,27 @@ class DraftConfig:
         if kind not in FEATURE_KINDS:
             raise CheckpointError(f"{source}: field 'drafter_kind' = {kind!r}; expected one of {FEATURE_KINDS}")
         names = set(cls.__dataclass_fields__) - {"kind", "extra"}
+        try:  # every field checked for its type and range, the file and field named
+            for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                      "num_key_value_heads", "head_dim", "target_hidden_size"):
+                checked_field(d, k, source, "int", low=1)
+            for k in ("block_size", "markov_rank", "max_position_embeddings"):
+                checked_field(d, k, source, "int", 1, low=1)
+            checked_field(d, "lead_token", source, "bool", False)
+            checked_field(d, "rms_norm_eps", source, "float", 1e-6, low=0.0)
+            checked_field(d, "rope_theta", source, "float", 1e4, low=1e-9)
+        except ConfigError as e:
+            raise CheckpointError(str(e)) from None
+        layers = d.get("target_layers")
+        if not isinstance(layers, list) or not layers or not all(
+                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers):
+            raise CheckpointError(f"{source}: field 'target_layers' = {layers!r}: expected a non-empty list of "
+                                  "target layer indices")
+        if d["num_attention_heads"] % d["num_key_value_heads"]:
+            raise CheckpointError(f"{source}: num_attention_heads ({d['num_attention_heads']}) must be a multiple of "
+                                  f"num_key_value_heads ({d['num_key_value_heads']})")
         known = {k: d.pop(k) for k in list(d) if k in names}
-        try:
-            cfg = cls(kind=kind, **known, extra=d)
-        except TypeError as e:
-            raise CheckpointError(f"{source}: {e}") from None
-        if not cfg.target_layers:
-            raise CheckpointError(f"{source}: field 'target_layers' must list at least one target layer")
-        return cfg
+        return cls(kind=kind, **known, extra=d)
 
 
 class FeatureDrafterNet(nn.Module):

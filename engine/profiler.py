@@ -1,4 +1,4 @@
-"""A non-invasive profiler of the engine's decode step by kernel class (DESIGN.md §6).
+"""A non-invasive profiler of the engine's decode step by kernel class (docs/METHOD.md §6).
 
 `profile_generate` runs `decode.generate` unchanged under temporary hooks and returns, per decode
 step (and the mean per N = rows verified), {class: (seconds, bytes, FLOPs)} for the kernel classes

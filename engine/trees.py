@@ -11,7 +11,7 @@ prefix-closed: a node's parent is always in the tree and comes before it. Polici
 - `topk:K:N`      EAGLE-2: expand the K best nodes of each depth by their K best children, then
                   keep the N best of everything by path score;
 - `sequoia:N`     a static shape of N rank paths maximizing the expected accepted length under a
-                  measured per-depth rank-acceptance profile (DESIGN.md: Sequoia-like).
+                  measured per-depth rank-acceptance profile (docs/METHOD.md §3).
 """
 
 from __future__ import annotations

@@ -4,10 +4,121 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
-from tqdm import tqdm
+from specpilot.progress import progress_bar
+
+
+MAX_DRAFT_LEN = 63  # a verify pass holds at most 64 rows, the root included (engine/decode.py MAX_TREE)
+
+
+class UsageError(Exception):
+    """A command line argparse refuses; `main` reports it (as JSON under --json)."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str):
+        super().__init__(message)
+        self.parser = parser
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(self, message)
+
+
+def one_line(message) -> str:
+    """An error message on one line: whitespace runs (newlines included) become one space."""
+    return " ".join(str(message).split())
+
+
+def read_json_file(path, what: str):
+    """A JSON file's value; a ValueError naming the file and what it should hold otherwise."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file ({what})") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot be read as JSON ({e}); expected {what}") from None
+
+
+def check_engine_flags(args) -> None:
+    """Refuse flags that make no sense together, with the reason, before anything loads."""
+    if args.mode != "tree":
+        for flag, value in (("--tree", args.tree), ("--profile", args.profile)):
+            if value is not None:
+                raise ValueError(f"{flag} {value} applies only to --mode tree (got --mode {args.mode})")
+    if args.mode == "tree":
+        args.tree = args.tree or "best-first:32"
+        if args.profile and not args.tree.startswith("sequoia:"):
+            raise ValueError(f"--profile is read only by sequoia:N trees (got --tree {args.tree})")
+    if args.mode == "ar" and getattr(args, "record", None):
+        raise ValueError("--record saves speculative target passes; --mode ar has none (use --mode chain or tree)")
+    if not 1 <= args.draft_len <= MAX_DRAFT_LEN:
+        raise ValueError(f"--draft-len {args.draft_len}: expected 1..{MAX_DRAFT_LEN} (a verify pass holds at most "
+                         f"{MAX_DRAFT_LEN + 1} rows, the root included)")
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens {args.max_new_tokens}: expected a positive integer")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+        raise ValueError(f"--device {args.device!r}: expected cpu, cuda or cuda:N")
+    from specpilot.engine.checkpoint import check_system, read_config
+
+    check_system(args.target, args.drafter if args.mode != "ar" else None, args.force_drafter)
+    if args.mode != "ar" and args.drafter and not args.drafter.startswith("ngram"):
+        d = read_config(args.drafter)
+        if d.get("drafter_kind") in ("block", "block_markov") and args.draft_len > d["block_size"]:
+            raise ValueError(f"--draft-len {args.draft_len}: the {d['drafter_kind']} drafter {args.drafter} drafts at "
+                             f"most block_size = {d['block_size']} positions per pass; give --draft-len "
+                             f"{d['block_size']} or less")
+    tree = args.tree if args.mode == "tree" else None
+    if tree:
+        from specpilot.engine.trees import parse_policy
+
+        parse_policy(tree)
+
+
+def read_requests(path):
+    """Requests from a workload file, or from `generate --out` / `--json` output (its prompt ids)."""
+    from specpilot.zoo.workloads import Request, read_workload
+
+    outputs = read_generated(path, strict=False)
+    if outputs is not None:
+        return [Request(id=o["id"], prompt_ids=list(o["prompt_ids"])) for o in outputs]
+    return read_workload(path)
+
+
+def read_generated(path, strict: bool = True) -> list[dict] | None:
+    """`generate --json` output (one object with "outputs") or `generate --out` JSON lines, as a list of
+    {"id", "prompt_ids", "tokens", ...}; None (strict=False) when the file is something else."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot be read ({e})") from None
+    try:
+        whole = json.loads(text)
+        rows = whole["outputs"] if isinstance(whole, dict) and "outputs" in whole else None
+    except json.JSONDecodeError:
+        rows = None
+    if rows is None:
+        rows = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                if not strict:
+                    return None
+                raise ValueError(f"{path}:{n}: not JSON ({e.msg}); expected generate --out lines") from None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and {"id", "prompt_ids", "tokens"} <= r.keys()
+                                             for r in rows):
+        if not strict:
+            return None
+        raise ValueError(f'{path}: expected generate --json output or JSON lines of {{"id", "prompt_ids", '
+                         '"tokens"}}, as `specpilot generate --out FILE` writes them')
+    return rows
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -15,10 +126,13 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", metavar="DIR|ngram", help="drafter checkpoint folder, or 'ngram' (prompt lookup)")
     p.add_argument("--mode", choices=("ar", "chain", "tree"), default="chain",
                    help="ar: plain greedy; chain: stock speculative; tree: verify a draft tree (--tree)")
-    p.add_argument("--tree", default="best-first:32", metavar="POLICY",
-                   help="tree mode: best-first:N | topk:K:N | sequoia:N | chain (default best-first:32)")
+    p.add_argument("--tree", default=None, metavar="POLICY",
+                   help="tree mode only: best-first:N | topk:K:N | sequoia:N | chain (default best-first:32)")
     p.add_argument("--profile", metavar="FILE", help="sequoia: acceptance profile from `specpilot replay --profile-out`")
-    p.add_argument("--draft-len", type=int, default=8, metavar="N", help="drafted positions per step (default 8)")
+    p.add_argument("--draft-len", type=int, default=8, metavar="N",
+                   help=f"drafted positions per step, 1..{MAX_DRAFT_LEN} (default 8)")
+    p.add_argument("--force-drafter", action="store_true",
+                   help="use a drafter whose manifest names another target, or whose vocabulary differs")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--dtype", choices=("float64", "float32", "bfloat16"), default="float32")
     p.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
@@ -26,22 +140,27 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_generate(args) -> int:
     from specpilot.engine.engine import Engine, EngineConfig
-    from specpilot.zoo.workloads import Request, read_workload
+    from specpilot.zoo.workloads import Request
 
     if bool(args.workload) == bool(args.prompt):
         raise ValueError("give exactly one of --workload FILE.jsonl or --prompt TEXT")
-    requests = read_workload(args.workload) if args.workload else [Request(id="prompt", prompt=args.prompt)]
-    engine = Engine(EngineConfig(target=args.target, drafter=args.drafter, mode=args.mode, tree=args.tree,
-                                 profile=args.profile, draft_len=args.draft_len, dtype=args.dtype,
-                                 device=args.device, max_new_tokens=args.max_new_tokens))
+    check_engine_flags(args)
+    requests = read_requests(args.workload) if args.workload else [Request(id="prompt", prompt=args.prompt)]
+    engine = Engine(EngineConfig(target=args.target, drafter=args.drafter, mode=args.mode,
+                                 tree=args.tree or "best-first:32", profile=args.profile, draft_len=args.draft_len,
+                                 dtype=args.dtype, device=args.device, max_new_tokens=args.max_new_tokens))
+    prompt_ids = [engine.encode(r) for r in requests]  # checks every request before any generation
     records = [] if args.record else None
-    with tqdm(total=len(requests), desc="generate", unit="req", file=sys.stderr,
-              disable=len(requests) < 2) as bar:
+    with progress_bar(len(requests), "generate", "req", disable=len(requests) < 2 or args.json) as bar:
         out = engine.run(requests, progress=bar.update, records=records)
+    for o, ids in zip(out["outputs"], prompt_ids):
+        o["prompt_ids"] = list(ids)
     if args.record:
         from specpilot.engine.replay import write_record
 
         write_record(args.record, records)
+    if args.out:
+        Path(args.out).write_text("".join(json.dumps(o) + "\n" for o in out["outputs"]), encoding="utf-8")
     if args.json:
         print(json.dumps(out))
         return 0
@@ -49,6 +168,8 @@ def cmd_generate(args) -> int:
         print(f"── {o['id']}  (τ {o['tau_mean']:.2f}, {o['steps']} steps)")
         print(o["text"] if o["text"] is not None else o["tokens"])
     print(f"\nτ {out['tau_mean']:.2f} · {out['tokens_per_s']:.1f} tokens/s · {out['steps']} target passes")
+    if args.out:
+        print(f"outputs: {args.out} (for specpilot force --outputs / --baseline / --ar)")
     return 0
 
 
@@ -80,28 +201,43 @@ def cmd_replay(args) -> int:
 
 
 def cmd_pair(args) -> int:
-    from specpilot.engine.engine import EngineConfig
     from specpilot.devices import device_list
+    from specpilot.engine.checkpoint import check_system
+    from specpilot.engine.engine import EngineConfig
     from specpilot.services.controller.pairing import judge, system, write_verdict
     from specpilot.services.gpu_worker.systems import LocalWorkers
-    from specpilot.zoo.workloads import read_workload
+
+    example = '{"target": "DIR", "drafter": "DIR", "mode": "chain"}'
 
     def config(path):
+        cfg = read_json_file(path, f"a JSON object of EngineConfig fields, e.g. {example}, or generate --json output")
+        if isinstance(cfg, dict) and isinstance(cfg.get("config"), dict) and "outputs" in cfg:
+            cfg = cfg["config"]  # `generate --json` output names the system it ran
         try:
-            cfg = json.loads(Path(path).read_text())
+            if not isinstance(cfg, dict):
+                raise TypeError("not a JSON object")
             EngineConfig(**cfg).validate()
-        except (OSError, json.JSONDecodeError, TypeError, ValueError) as e:
-            raise ValueError(f"{path}: not a system config ({e}); write a JSON object of EngineConfig fields, "
-                             'e.g. {"target": "DIR", "drafter": "DIR", "mode": "chain"}') from None
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}: not a system config ({one_line(e)}); write a JSON object of EngineConfig "
+                             f"fields, e.g. {example}") from None
+        try:
+            check_system(cfg["target"], cfg.get("drafter") if cfg.get("mode", "chain") != "ar" else None,
+                         args.force_drafter)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
         return cfg
 
+    if args.repeats < 2:
+        raise ValueError(f"--repeats {args.repeats}: expected 2 or more (the bound is a t-interval over repeats)")
+    if not args.timeout > 0:
+        raise ValueError(f"--timeout {args.timeout}: expected a positive number of seconds")
     cand, inc = config(args.candidate), config(args.incumbent)
     stock = config(args.stock) if args.stock else {**inc, "mode": "chain"}
     reqs = [{k: v for k, v in {"id": r.id, "prompt": r.prompt, "prompt_ids": list(r.prompt_ids) if r.prompt_ids
-             else None, "max_new_tokens": r.max_new_tokens}.items() if v is not None} for r in read_workload(args.workload)]
+             else None, "max_new_tokens": r.max_new_tokens}.items() if v is not None} for r in read_requests(args.workload)]
     devices = device_list(args.devices)
     steps = 2 * args.repeats * (2 if len(devices) == 1 else 1)
-    with tqdm(total=2 * steps, desc="paired runs", unit="step", file=sys.stderr, disable=args.json) as bar:
+    with progress_bar(2 * steps, "paired runs", "step", disable=args.json) as bar:
         record = judge(system(cand), system(inc), system(stock), reqs, devices, args.repeats, timeout=args.timeout,
                        progress=bar.update, workers=LocalWorkers())
     path = write_verdict(record, args.verdicts)
@@ -121,6 +257,9 @@ def cmd_pair(args) -> int:
 def cmd_selftest(args) -> int:
     from specpilot.selftest import run_selftest
 
+    if args.trials < 1 or args.real_runs < 0:
+        raise ValueError(f"--trials {args.trials} / --real-runs {args.real_runs}: expected --trials 1 or more and "
+                         "--real-runs 0 or more")
     out = run_selftest(trials=args.trials, progress=not args.json, real_runs=args.real_runs)
     if args.json:
         print(json.dumps(out))
@@ -140,33 +279,66 @@ def cmd_selftest(args) -> int:
 
 
 def cmd_demo(args) -> int:
+    from specpilot.memory_cli import default_url
     from specpilot.round_cli import run_demo
+    from specpilot.sqldb import check_url
 
+    if args.rounds < 1:
+        raise ValueError(f"--rounds {args.rounds}: expected 1 or more")
+    store = check_url(args.store or default_url(), "--store" if args.store else "SPECPILOT_MEMORY_URL")
     quick = {"prompts": 1, "max_new_tokens": 16, "repeats": 2, "budgets": ["chain", "best-first:16"],
              "max_candidates": 1} if args.quick else None
-    out = run_demo(args.rounds, Path(args.run_dir) if args.run_dir else None, args.json, quick)
+    out = run_demo(args.rounds, Path(args.run_dir) if args.run_dir else None, args.json, quick, store=store)
     if args.json:
         print(json.dumps(out))
         return 0
-    stock = out["speedup_over_stock"]
-    print(f"\n{len(out['rounds'])} rounds in {out['seconds']:.0f} s; final system ×{stock:.3f} over stock chain "
-          f"(×{out['speedup_over_ar']:.3f} over AR), timed by the controller")
-    print(f"report: {out['report']}")
+    print()
+    print(demo_headline(out, store, args.store is not None))
     return 0
+
+
+def demo_headline(out: dict, store: str, custom_store: bool) -> str:
+    """What a user wants first after the demo: the final system against stock and against AR, each
+    with its 95 % lower bound, and where to look next."""
+    final = out.get("final") or {}
+
+    def fig(key):
+        f = final.get(key) or {}
+        return (f"×{f['gain']:.3f} (95 % lower bound ×{f['lower_bound']:.3f})"
+                if f.get("gain") is not None and f.get("lower_bound") is not None else "not measured")
+
+    report = Path(out["report"])
+    run_dir = report.parent.parent if report.name == "index.html" else report.parent
+    accepted = [a["entry"] for r in out["rounds"] for a in r["accepted"]]
+    mem = "specpilot memory" + (f" --store {store}" if custom_store else "") + " list"
+    return "\n".join([
+        f"final system: {final.get('label', '?')} — {len(out['rounds'])} rounds in {out['seconds']:.0f} s, "
+        "timed by the controller in paired, swapped runs",
+        f"  speed-up over the stock chain: {fig('speedup_over_stock')}",
+        f"  speed-up over plain AR:        {fig('speedup_over_ar')}",
+        f"  accepted: {', '.join(accepted) if accepted else 'nothing (the stock chain stays)'}",
+        "next:",
+        f"  report    {report}",
+        f"  verdicts  {run_dir / 'verdicts'}/",
+        f"  memory    {mem}" + (f"   (this run's entries: {', '.join(accepted)})" if accepted else ""),
+    ])
 
 
 def build_parser() -> argparse.ArgumentParser:
     from specpilot import costmodel_cli, force_cli, memory_cli, round_cli, stack_cli
     from specpilot.zoo import cli as zoo_cli
 
-    parser = argparse.ArgumentParser(prog="specpilot", description=__doc__)
+    parser = Parser(prog="specpilot", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     g = sub.add_parser("generate", help="greedy generation, AR or speculative, on a prompt or workload")
     _engine_args(g)
-    g.add_argument("--workload", metavar="FILE.jsonl", help='requests, one {"id", "prompt"|"prompt_ids"} per line')
+    g.add_argument("--workload", metavar="FILE.jsonl", help='requests, one {"id", "prompt"|"prompt_ids"} per line '
+                   "(or another generate's --out file)")
     g.add_argument("--prompt", metavar="TEXT", help="a single text prompt")
     g.add_argument("--record", metavar="FILE", help="save every target pass (lattice, tree, argmax) for replay")
+    g.add_argument("--out", metavar="FILE", help='write the outputs as JSON lines {"id", "prompt_ids", "tokens", ...} '
+                   "(what force and pair read)")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.set_defaults(func=cmd_generate)
 
@@ -179,11 +351,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_replay)
 
     pr = sub.add_parser("pair", help="paired, swapped timing of two systems, each in its own process; a verdict")
-    pr.add_argument("--candidate", required=True, metavar="CONFIG", help="JSON file of EngineConfig fields")
-    pr.add_argument("--incumbent", required=True, metavar="CONFIG", help="JSON file of EngineConfig fields")
+    pr.add_argument("--candidate", required=True, metavar="CONFIG",
+                    help="JSON file of EngineConfig fields, or generate --json output (its config)")
+    pr.add_argument("--incumbent", required=True, metavar="CONFIG",
+                    help="JSON file of EngineConfig fields, or generate --json output (its config)")
     pr.add_argument("--stock", metavar="CONFIG", help="stock system for the noise run (default: the incumbent's "
                     "target and drafter, chain mode)")
-    pr.add_argument("--workload", required=True, metavar="FILE.jsonl")
+    pr.add_argument("--workload", required=True, metavar="FILE.jsonl",
+                    help="requests (a workload file, or generate --out / --json output: its prompt ids)")
+    pr.add_argument("--force-drafter", action="store_true",
+                    help="use a drafter whose manifest names another target, or whose vocabulary differs")
     pr.add_argument("--devices", default="cpu,cpu", help="cpu,cpu (one core each) | cuda:0,cuda:1 | one device: ABBA")
     pr.add_argument("--repeats", type=int, default=14, metavar="N", help="swapped pairs per comparison (default 14)")
     pr.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per worker call (default 600 s)")
@@ -200,6 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="the embedded default: rounds on the shipped micro pair, CPU only, and a report")
     d.add_argument("--rounds", type=int, default=2, metavar="K", help="rounds (default 2)")
     d.add_argument("--run-dir", metavar="DIR", help="default: runs/demo-<date>")
+    d.add_argument("--store", metavar="URL", help="the memory's database (default: the one `specpilot memory` "
+                   "reads: SPECPILOT_MEMORY_URL or a SQLite file in the user's data folder)")
     d.add_argument("--quick", action="store_true", help="a smoke run: 1 prompt, 16 tokens, 2 repeats, 1 candidate "
                    "per round (its verdicts are weak: too few repeats)")
     d.add_argument("--json", action="store_true", help="print one JSON object")
@@ -215,15 +394,40 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; bad input is one line on stderr (under --json one {"error": ...} object on stdout)
+    and exit status 2, never a traceback."""
     from specpilot.engine.checkpoint import CheckpointError
 
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    json_out = "--json" in argv
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as e:
+        if json_out:
+            print(json.dumps({"error": f"{e.parser.prog}: {one_line(e)}"}))
+        else:
+            e.parser.print_usage(sys.stderr)
+            print(f"{e.parser.prog}: error: {one_line(e)}", file=sys.stderr)
+        return 2
     try:
         return args.func(args)
-    except (CheckpointError, ValueError, FileNotFoundError, RuntimeError, LookupError) as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"specpilot {args.command}: error: {msg}", file=sys.stderr)
+    except (CheckpointError, ValueError, RuntimeError, LookupError, OSError, TimeoutError) as e:
+        if isinstance(e, KeyError) and e.args:
+            msg = e.args[0]
+        elif isinstance(e, OSError) and e.filename and e.strerror:
+            msg = f"{e.filename}: {e.strerror}"
+        else:
+            msg = e
+        msg = one_line(msg) or type(e).__name__
+        if json_out:
+            print(json.dumps({"error": msg, "command": args.command}))
+        else:
+            print(f"specpilot {args.command}: error: {msg}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(json.dumps({"error": "interrupted"}) if json_out else "interrupted", file=sys.stdout if json_out
+              else sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

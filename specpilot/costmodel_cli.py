@@ -10,10 +10,9 @@ profiled time), naming the direction a round should attack.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-from tqdm import tqdm
+from specpilot.progress import progress_bar
 
 POLICIES = ("chain", "best-first:16", "best-first:32", "best-first:63")
 
@@ -32,7 +31,7 @@ def run_costmodel(target_dir, drafter_dir, prompts: int = 4, new_tokens: int = 4
     if engine.tokenizer is None:
         raise ValueError(f"{target_dir} has no tokenizer.json: the cost model profiles on HumanEval text prompts")
     ids = [engine.encode(r)[-512:] for r in humaneval(limit=prompts)]
-    with tqdm(total=len(policies) * len(ids), desc="profiling", disable=not progress, file=sys.stderr) as bar:
+    with progress_bar(len(policies) * len(ids), "profiling", "run", disable=not progress) as bar:
         m = measure(engine, ids, new_tokens, list(policies), [], progress=bar.update)
     kind = device_kind or ("cpu" if device == "cpu" else "h200")
     return {"target": str(target_dir), "drafter": str(drafter_dir), "device": device, "device_kind": kind,
@@ -49,11 +48,21 @@ def register(subparsers) -> None:
     p.add_argument("--prompts", type=int, default=4, metavar="N")
     p.add_argument("--new-tokens", type=int, default=48, metavar="N")
     p.add_argument("--svg", metavar="FILE", help="write the ceiling chart")
+    p.add_argument("--force-drafter", action="store_true",
+                   help="use a drafter whose manifest names another target, or whose vocabulary differs")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    from specpilot.engine.checkpoint import check_system
+
+    for flag, v in (("--prompts", args.prompts), ("--new-tokens", args.new_tokens)):
+        if v < 1:
+            raise ValueError(f"{flag} {v}: expected a positive integer")
+    if not args.device.startswith(("cpu", "cuda")):
+        raise ValueError(f"--device {args.device!r}: expected cpu, cuda or cuda:N")
+    check_system(args.target, args.drafter, args.force_drafter)
     out = run_costmodel(args.target, args.drafter, args.prompts, args.new_tokens, args.device, args.device_kind,
                         progress=not args.json)
     if args.svg:

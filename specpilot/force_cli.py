@@ -1,17 +1,17 @@
 """`specpilot force`: token forcing of a system's outputs against stock's, from the command line.
 
-This module composes two services in one process, which only `specpilot/` may do (DESIGN.md §2):
+This module composes two services in one process, which only `specpilot/` may do (docs/METHOD.md §2):
 the controller's pure token-forcing logic (`services/controller/forcing.py`) and a local scorer
 from the GPU worker (`services/gpu_worker/scoring.py`). torch and the engine load only when the
 command runs, so registering the command costs nothing.
 
-Outputs files are JSON lines, one `{"id", "prompt_ids", "tokens"}` object per request.
+Outputs files are what `specpilot generate --out FILE` writes (JSON lines, one `{"id", "prompt_ids",
+"tokens", ...}` object per request) or `generate --json` printed.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from specpilot.services.controller.forcing import (
     ForcingSettings,
@@ -28,7 +28,7 @@ def register(subparsers) -> None:
                     "FP32 LM head); count mismatches and events (mismatches with margin >= 2δ); verdict.")
     f.add_argument("--scorer", required=True, metavar="DIR", help="the stock target's checkpoint folder")
     f.add_argument("--outputs", required=True, metavar="FILE",
-                   help='the candidate\'s outputs: JSON lines {"id", "prompt_ids", "tokens"}')
+                   help="the candidate's outputs: a `generate --out` file (or `generate --json` output)")
     f.add_argument("--baseline", required=True, metavar="FILE", help="stock's outputs on the same requests, same format")
     f.add_argument("--delta", type=float, metavar="X", help="near-tie threshold δ in nat (from Phase 0)")
     f.add_argument("--ar", metavar="FILE",
@@ -39,35 +39,58 @@ def register(subparsers) -> None:
 
 
 def read_outputs(path) -> list[SystemOutput]:
-    """A system's outputs from a JSON-lines file; errors name the file and line."""
+    """A system's outputs from `generate --out` JSON lines or `generate --json` output; errors name the
+    file and line."""
+    from specpilot.cli import read_generated
+
     out = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
+    for n, d in enumerate(read_generated(path), 1):
         try:
-            d = json.loads(line)
-            o = SystemOutput(str(d["id"]), tuple(int(t) for t in d["prompt_ids"]), tuple(int(t) for t in d["tokens"]))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-            raise ValueError(f'{path}:{n}: expected {{"id", "prompt_ids", "tokens"}} with integer token ids ({e})') from None
+            o = SystemOutput(str(d["id"]), tuple(_token(t) for t in d["prompt_ids"]), tuple(_token(t) for t in d["tokens"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f'{path}: output {n}: expected {{"id", "prompt_ids", "tokens"}} with non-negative '
+                             f"integer token ids ({e})") from None
         out.append(o)
     if not out:
         raise ValueError(f"{path} holds no outputs")
     return out
 
 
+def _token(t) -> int:
+    if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+        raise ValueError(f"token id {t!r}")
+    return t
+
+
+def _check_vocab(outputs: list[SystemOutput], path, vocab: int) -> None:
+    for o in outputs:
+        bad = [t for t in (*o.prompt_ids, *o.tokens) if t >= vocab]
+        if bad:
+            raise ValueError(f"{path}: output {o.id!r} holds token id {bad[0]}, outside the scorer's vocabulary "
+                             f"(size {vocab}); were these outputs made with another target?")
+
+
 def run(args) -> int:
+    from specpilot.engine.checkpoint import check_model
     from specpilot.services.gpu_worker.scoring import load_scorer, memo_scorer
 
-    candidate, baseline = read_outputs(args.outputs), read_outputs(args.baseline)
     if args.delta is None and args.ar is None:
         raise ValueError("give --delta X, or --ar FILE (AR outputs) to calibrate δ from stock vs AR")
     if args.delta is not None and not args.delta > 0:
         raise ValueError(f"--delta must be > 0; got {args.delta}")
+    vocab = check_model(args.scorer).vocab_size
+    candidate, baseline = read_outputs(args.outputs), read_outputs(args.baseline)
+    ar_outputs = read_outputs(args.ar) if args.delta is None else None
+    for path, outs in ((args.outputs, candidate), (args.baseline, baseline), (args.ar, ar_outputs or [])):
+        _check_vocab(outs, path, vocab)
+    if {o.id for o in candidate} != {o.id for o in baseline}:
+        raise ValueError(f"{args.outputs} and {args.baseline} must cover the same requests (ids differ: "
+                         f"{sorted({o.id for o in candidate} ^ {o.id for o in baseline})[:3]})")
     scorer = memo_scorer(load_scorer(args.scorer, args.device))
 
     delta = args.delta
     if delta is None:
-        ar = {o.id: o for o in read_outputs(args.ar)}
+        ar = {o.id: o for o in ar_outputs}
         base = {o.id: o for o in baseline}
         if ar.keys() != base.keys():
             raise ValueError(f"{args.ar} and {args.baseline} must cover the same requests")

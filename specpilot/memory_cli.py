@@ -43,11 +43,14 @@ def register(subparsers) -> None:
     serve = subparsers.add_parser("serve", help="run a service: the memory API, or the controller (REST API and "
                                   "dashboard; settings from SPECPILOT_* variables, see specpilot/settings.py)")
     serve.add_argument("service", choices=["memory-api", "controller"])
-    serve.add_argument("--store", default=None, metavar="URL")
+    serve.add_argument("--store", default=None, metavar="URL", help="memory-api: the memory's database (default: "
+                       "SPECPILOT_MEMORY_URL or the user's SQLite file); controller: the round records' database "
+                       "(default: SPECPILOT_DB_URL or SQLite under SPECPILOT_DATA)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=None, help="default 8710 (memory-api), 8700 (controller)")
     serve.add_argument("--repo", metavar="DIR", help="the engine's git repository (reproduce checks of code deltas)")
     serve.add_argument("--stock-rev", metavar="REV", help="the pinned stock revision in --repo")
+    serve.add_argument("--json", action="store_true", help="errors as one JSON object (the service logs as usual)")
     serve.set_defaults(func=run_serve)
 
 
@@ -60,7 +63,9 @@ def run(args) -> int:
     from specpilot.services.memory_api import graph, porting
     from specpilot.services.memory_api.store import Store
 
-    store = Store(args.store or default_url())
+    from specpilot.sqldb import check_url
+
+    store = Store(check_url(args.store or default_url(), "--store" if args.store else "SPECPILOT_MEMORY_URL"))
     try:
         cmd = args.memory_command
         if cmd == "list":
@@ -83,7 +88,11 @@ def run(args) -> int:
                 f"{ed['from']} → {ed['to_key']} ({ed['constraint']})" for ed in g["edges"]) or f"{e.key}: no requirements")
         elif cmd == "port":
             text = args.deployment
-            deployment = json.loads(Path(text).read_text() if Path(text).is_file() else text)
+            try:
+                deployment = json.loads(Path(text).read_text() if Path(text).is_file() else text)
+            except (OSError, json.JSONDecodeError):
+                raise ValueError(f"--deployment {text!r}: neither a JSON object nor a readable JSON file; e.g. "
+                                 '{"family": "qwen3", "device": "h200", "batch": 1}') from None
             out = porting.port(deployment, store.catalog()).to_dict()
             if args.json:
                 print(json.dumps(out))
@@ -109,6 +118,10 @@ def run(args) -> int:
 
 
 def run_serve(args) -> int:
+    from specpilot.sqldb import check_url
+
+    if args.port is not None and not 0 < args.port < 65536:
+        raise ValueError(f"--port {args.port}: expected 1..65535")
     if args.service == "controller":
         from specpilot.stack_cli import serve_controller
 
@@ -118,6 +131,7 @@ def run_serve(args) -> int:
 
     from specpilot.services.memory_api.app import create_app
 
-    uvicorn.run(create_app(args.store or default_url(), args.repo, args.stock_rev), host=args.host,
+    uvicorn.run(create_app(check_url(args.store or default_url(), "--store" if args.store else "SPECPILOT_MEMORY_URL"),
+                           args.repo, args.stock_rev), host=args.host,
                 port=args.port or 8710)
     return 0

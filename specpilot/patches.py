@@ -1,4 +1,4 @@
-"""What a candidate's code patch may touch: only files under engine/ and kernels/ (DESIGN.md §1),
+"""What a candidate's code patch may touch: only files under engine/ and kernels/ (docs/METHOD.md §1),
 as plain text edits. Shared by the GPU worker (it refuses such a patch before building) and the
 planner (it drops such a candidate). Pure text: no git, no engine.
 

@@ -23,33 +23,100 @@ from specpilot.services.controller.round import summary_json as demo_json
 EMBEDDED_RUN = "run"  # the one round record of an embedded run folder (its rounds.db)
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The description as written, every option's default shown."""
+
+
+def _deployment_defaults() -> str:
+    from specpilot.services.controller.round import DEPLOYMENT_DEFAULTS, REQUIRED
+
+    fields = ", ".join(f"{k}={json.dumps(v)}" for k, v in DEPLOYMENT_DEFAULTS.items())
+    return f"\nrequired fields: {', '.join(REQUIRED)}\ndefaults of the other fields: {fields}\n"
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("round", help="run rounds for a deployment: profile, cost model, agents, verdicts, memory",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=__doc__ + _deployment_defaults(), formatter_class=_HelpFormatter)
     p.add_argument("--deployment", required=True, metavar="FILE", help="deployment JSON (fields above)")
-    p.add_argument("--rounds", type=int, default=1, metavar="K", help="rounds in a row (default 1)")
+    p.add_argument("--rounds", type=int, default=1, metavar="K", help="rounds in a row")
     p.add_argument("--agent", action="append", metavar="AGENT",
-                   help="search (built in; default) | command:CMD (an external program in a scratch worktree); "
-                        "repeatable")
-    p.add_argument("--run-dir", metavar="DIR", help="state, verdicts, memory and report (default: runs/<name>); "
+                   help="search (built in; the default when none is given) | command:CMD (an external program in a "
+                        "scratch worktree); repeatable")
+    p.add_argument("--run-dir", metavar="DIR", help="state, verdicts, memory and report (None: runs/<name>); "
                    "an existing one is resumed")
-    p.add_argument("--store", metavar="URL", help="memory database (default: SQLite in the run folder)")
-    p.add_argument("--repo", metavar="DIR", help="the engine's git repository (default: this checkout, if any)")
+    p.add_argument("--store", metavar="URL", help="memory database (None: SQLite in the run folder)")
+    p.add_argument("--repo", metavar="DIR", help="the engine's git repository (None: this checkout, if any)")
+    p.add_argument("--force-drafter", action="store_true",
+                   help="use drafters whose manifest names another target, or whose vocabulary differs")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
 
+def check_deployment(dep: dict, force_drafter: bool = False) -> None:
+    """What the controller's `load_deployment` cannot check without the engine and the zoo: every
+    checkpoint loads and its drafters fit the target, the workload exists and parses, the device
+    kind and the tree budgets are known — before any worker starts."""
+    from specpilot.engine.checkpoint import check_system, read_config
+    from specpilot.engine.drafters import FEATURE_KINDS
+    from specpilot.engine.trees import parse_policy
+    from specpilot.services.controller.round import requests_of
+    from specpilot.services.planner.costmodel import DEVICES
+
+    for key, drafter in [("drafter", dep["drafter"]), *((f"drafters.{k}", v) for k, v in dep["drafters"].items())]:
+        try:
+            check_system(dep["target"], drafter, force_drafter)
+        except ValueError as e:
+            raise ValueError(f"deployment: {key}: {e}") from None
+    kinds = (*FEATURE_KINDS, "draft_lm")
+    for kind, folder in dep["drafters"].items():
+        actual = read_config(folder).get("drafter_kind", "draft_lm")
+        if kind not in kinds:
+            raise ValueError(f"deployment: drafters.{kind}: unknown drafter kind; expected one of {', '.join(kinds)}")
+        if actual != kind:
+            raise ValueError(f"deployment: drafters.{kind}: {folder} is a {actual} drafter (its config.json), not "
+                             f"{kind}; name it under \"{actual}\"")
+    if dep["gpu"] not in (*DEVICES, "cpu"):
+        raise ValueError(f"deployment: field 'gpu' = {dep['gpu']!r}: expected one of {', '.join((*DEVICES, 'cpu'))}")
+    budgets = dep["budgets"]
+    if not isinstance(budgets, list) or not budgets or not all(isinstance(b, str) for b in budgets):
+        raise ValueError(f"deployment: field 'budgets' = {budgets!r}: expected a list of tree policies, e.g. "
+                         '["chain", "best-first:32"]')
+    for b in budgets:
+        try:
+            parse_policy(b)
+        except ValueError as e:
+            raise ValueError(f"deployment: field 'budgets': {e}") from None
+    timeout = dep["timeout"]
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"deployment: field 'timeout' = {timeout!r}: expected a positive number of seconds")
+    w = dep["workload"]
+    if not isinstance(w, str) or not w:
+        raise ValueError(f"deployment: field 'workload' = {w!r}: expected humaneval, stdlib or a FILE.jsonl")
+    if w not in ("humaneval", "stdlib") and not Path(w).is_file():
+        raise ValueError(f"deployment: field 'workload' = {w!r}: no such file; expected humaneval, stdlib or a "
+                         "workload FILE.jsonl (relative to the deployment file)")
+    try:
+        requests_of(dep)
+    except ValueError as e:
+        raise ValueError(f"deployment: field 'workload': {e}") from None
+
+
 def run_rounds(dep_source, rounds: int, agents=None, run_dir=None, store=None, repo=None, json_out=False,
-               log=print) -> dict:
+               log=print, force_drafter: bool = False) -> dict:
     from specpilot import bootstrap
     from specpilot.services.controller.records import RecordState, Records
     from specpilot.services.controller.round import Round, load_deployment
     from specpilot.services.planner.local import check_agents
 
+    from specpilot.sqldb import check_url
+
     dep = load_deployment(dep_source)
     if rounds < 1:
-        raise ValueError("--rounds must be at least 1")
+        raise ValueError(f"--rounds {rounds}: expected 1 or more")
     agents = check_agents(agents)
+    check_deployment(dep, force_drafter)
+    if store:
+        check_url(store)
     repo = Path(repo) if repo else bootstrap.find_repo()
     if repo is None and any(a.startswith("command:") for a in agents):
         raise ValueError("--agent command:CMD needs the engine's git repository (--repo DIR)")
@@ -74,7 +141,8 @@ def run_rounds(dep_source, rounds: int, agents=None, run_dir=None, store=None, r
 def run(args) -> int:
     from specpilot.services.planner.report import render_terminal
 
-    summary = run_rounds(args.deployment, args.rounds, args.agent, args.run_dir, args.store, args.repo, args.json)
+    summary = run_rounds(args.deployment, args.rounds, args.agent, args.run_dir, args.store, args.repo, args.json,
+                         force_drafter=args.force_drafter)
     if args.json:
         print(json.dumps(demo_json(summary)))
         return 0
@@ -94,13 +162,13 @@ def demo_deployment(run_dir: Path) -> Path:
 
 
 def run_demo(rounds: int = 2, run_dir: Path | None = None, json_out: bool = False, overrides: dict | None = None,
-             log=print) -> dict:
+             log=print, store: str | None = None) -> dict:
     run_dir = run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     path = demo_deployment(run_dir)
     if overrides:
         path.write_text(json.dumps({**json.loads(path.read_text()), **overrides}, indent=1))
     t0 = time.time()
-    summary = run_rounds(path, rounds, ["search"], run_dir, json_out=json_out, log=log)
+    summary = run_rounds(path, rounds, ["search"], run_dir, store, json_out=json_out, log=log)
     out = demo_json(summary)
     out["seconds"] = time.time() - t0
     return out

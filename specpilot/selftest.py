@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 
-from tqdm import tqdm
+from specpilot.progress import progress_bar, progress_iter
 
 from specpilot.demo import micro_pair
 from specpilot.engine.engine import Engine, EngineConfig
@@ -31,7 +31,7 @@ def real_pairs(target, drafter, real_runs: int, repeats: int, progress) -> dict:
 
     stock = {"target": str(target), "drafter": str(drafter), "mode": "chain", "max_new_tokens": 24}
     reqs = [{"id": r.id, "prompt": r.prompt} for r in stdlib_completion(limit=4)]
-    bar = tqdm(total=real_runs + 2, desc="real paired runs", disable=not progress, leave=False)
+    bar = progress_bar(real_runs + 2, "real paired runs", "run", disable=not progress, leave=False)
 
     def accepted(candidate):
         ok = judge(system(candidate), system(stock), system(stock), reqs, ["cpu:0", "cpu:1"], repeats,
@@ -70,7 +70,7 @@ def run_selftest(trials: int = 20, prompts: int = 8, new_tokens: int = 32, seed:
     rng = random.Random(seed)
     vocab = model.cfg.vocab_size
     defect_runs = []
-    for _ in tqdm(range(trials), desc="defect trials", disable=not progress, leave=False):
+    for _ in progress_iter(range(trials), "defect trials", "trial", disable=not progress, leave=False):
         toks = rng.sample(range(2, vocab), max(1, vocab // 50))  # 2 % of the vocabulary
         nats = rng.uniform(1.5, 3.0)
         out = check_forcing(outputs("ar", defect=f"logit_bias:{','.join(map(str, toks))}:{nats}"),

@@ -96,3 +96,42 @@ def run_env(context) -> None:
             with context.begin_transaction():
                 context.run_migrations()
         engine.dispose()
+
+
+def check_url(url: str, flag: str = "--store") -> str:
+    """Refuse, in one line naming the flag and the URL, a database URL that is not one, names a
+    database this project does not use, or cannot be reached; the URL otherwise."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+    allowed = "sqlite:///FILE or postgresql+psycopg://USER@HOST[:PORT]/DB"
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError, TypeError):
+        raise ValueError(f"{flag} {url!r} is not a database URL; expected {allowed}") from None
+    shown = parsed.render_as_string(hide_password=True)
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        raise ValueError(f"{flag} {shown}: database {parsed.get_backend_name()!r} is not supported; expected {allowed}")
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        folder = Path(parsed.database).parent
+        if not folder.is_dir():
+            raise ValueError(f"{flag} {shown}: folder {folder} does not exist; create it or give another path")
+        if Path(parsed.database).is_dir():
+            raise ValueError(f"{flag} {shown}: {parsed.database} is a folder, not a database file")
+    try:
+        engine = sa.create_engine(parsed, **({"connect_args": {"connect_timeout": 5}}
+                                              if parsed.get_backend_name() == "postgresql" else {}))
+    except (ArgumentError, ImportError, SQLAlchemyError) as e:
+        raise ValueError(f"{flag} {shown}: cannot use this URL ({' '.join(str(e).split())[:200]}); "
+                         f"expected {allowed}") from None
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1" if parsed.get_backend_name() == "postgresql"
+                                 else "PRAGMA schema_version")
+    except (SQLAlchemyError, OSError) as e:
+        first = str(getattr(e, "orig", None) or e).strip().splitlines()
+        raise ValueError(f"{flag} {shown}: cannot reach the database ({first[0] if first else type(e).__name__}); "
+                         "check that it runs and the URL is right") from None
+    finally:
+        engine.dispose()
+    return url

@@ -14,6 +14,7 @@ SQLite files under --data. Logs: <data>/logs/, the processes: <data>/stack.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -235,6 +236,10 @@ class Stack:
 
 
 def run_up(args) -> int:
+    from specpilot.sqldb import check_url
+
+    if args.db:
+        check_url(args.db, "--db")
     stack = Stack(args)
 
     def stop(*_):
@@ -266,7 +271,13 @@ def serve_controller(args) -> int:
     from specpilot.services.controller.remote import CeleryQueue, GrpcWorkers, RestMemory
     from specpilot.settings import Settings
 
+    from specpilot.sqldb import check_url
+
     s = Settings.from_env()
+    if getattr(args, "store", None):  # `serve controller --store URL`: the round records' database
+        s = dataclasses.replace(s, db_url=args.store)
+    if s.db_url:
+        check_url(s.db_url, "--store" if getattr(args, "store", None) else "SPECPILOT_DB_URL")
     token = s.token
     if not token:
         token = secrets.token_urlsafe(24)

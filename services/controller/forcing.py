@@ -1,4 +1,4 @@
-"""Token forcing: is a system's output lossless? (DESIGN.md §4.) Pure logic, no torch, no engine.
+"""Token forcing: is a system's output lossless? (docs/METHOD.md §4.) Pure logic, no torch, no engine.
 
 The scorer (the stock target with an FP32 LM head, run by a GPU worker) teacher-forces a system's
 output and reports, per output token, its own argmax, log p(token) and log p(argmax). Here:
@@ -42,7 +42,7 @@ class ScoresLike(Protocol):
 
 @dataclass(frozen=True)
 class ForcingSettings:
-    """The verdict's thresholds (DESIGN.md §4)."""
+    """The verdict's thresholds (docs/METHOD.md §4)."""
 
     max_mismatch_excess: float = 0.005  # candidate mismatch rate may exceed stock's by this (0.5 pp)
     event_tolerance: float = 0.0  # candidate event rate may exceed stock's by this

@@ -1,4 +1,4 @@
-"""Paired, swapped runs of two systems (DESIGN.md §5).
+"""Paired, swapped runs of two systems (docs/METHOD.md §5).
 
 Each system runs in a process of its own that the GPU worker interface starts (`ports.GpuWorkers`:
 local processes embedded, gRPC workers distributed), every call under a hard timeout. The

@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 import time
 from pathlib import Path
 
-from tqdm import tqdm
-
 from specpilot import gitrun
 from specpilot.devices import device_list
+from specpilot.progress import progress_bar
 
 from . import stats
 from .pairing import baseline, judge, run_pair, system, write_verdict
@@ -80,6 +78,11 @@ def load_deployment(source: str | Path | dict, base: Path | None = None) -> dict
     if not isinstance(dep["drafters"], dict):
         raise DeploymentError('deployment: "drafters" maps drafter kinds to folders, e.g. {"block_markov": "DIR"}')
     dep["drafters"] = {k: folder(v, f"drafters.{k}") for k, v in dep["drafters"].items()}
+    w = dep["workload"]
+    if not isinstance(w, str) or not w:
+        raise DeploymentError(f"deployment: field 'workload' = {w!r}: expected humaneval, stdlib or a FILE.jsonl")
+    if w not in ("humaneval", "stdlib"):  # a workload file, relative to the deployment file like the folders
+        dep["workload"] = str(Path(w) if Path(w).is_absolute() else base / w)
     for k in ("batch", "prompts", "max_new_tokens", "draft_len", "repeats", "warmup", "max_candidates"):
         if not isinstance(dep[k], int) or isinstance(dep[k], bool) or dep[k] < 1:
             raise DeploymentError(f"deployment: {k!r} must be a positive integer, got {dep[k]!r}")
@@ -196,7 +199,7 @@ class Round:
         return system(inc_or_cand["config"], inc_or_cand.get("patch", ""), self.state["stock_rev"])
 
     def bar(self, total: int, desc: str):
-        return tqdm(total=total, desc=desc, unit="run", file=sys.stderr, disable=not self.progress, leave=False)
+        return progress_bar(total, desc, "run", disable=not self.progress, leave=False)
 
     # ------------------------------------------------------------------ steps
     def profile(self, rec: dict) -> None:

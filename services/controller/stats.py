@@ -1,4 +1,4 @@
-"""Statistics of the controller's paired runs (DESIGN.md §5), pure and server-free.
+"""Statistics of the controller's paired runs (docs/METHOD.md §5), pure and server-free.
 
 The controller compares a *candidate* system with the *incumbent* on the same requests:
 
@@ -10,8 +10,8 @@ The controller compares a *candidate* system with the *incumbent* on the same re
   Repeats are the outer loop: one repeat is a complete replication of every cell, so slow drift
   falls *between* repeats, where the t-interval over repeats sees it.
 - **Estimate** (`gain`). Per cell and repeat, the log throughput ratio log(cand) − log(inc) is
-  averaged over the two slots: a device that is uniformly slower (FACTS.md: one CPU core ran 30 %
-  slower than the other throughout) multiplies one slot's ratio by s and the other's by 1/s, so it
+  averaged over the two slots: a device that is uniformly slower (on a shared machine one CPU core
+  has run 30 % slower than the other throughout) multiplies one slot's ratio by s and the other's by 1/s, so it
   cancels exactly in log space; on one device ABBA cancels a drift that is linear in log
   throughput. Gain = exp(mean over cells and repeats) = the geometric mean over cells of the
   per-cell ratios.
@@ -20,7 +20,7 @@ The controller compares a *candidate* system with the *incumbent* on the same re
 - **Verdict** (`decide`). Accept iff the lower bound clears 1 % + 2 × stock noise (stock against
   itself, measured the same way), and ≥ 3 % when the outputs differ from the incumbent's.
 - **Self-test** (`simulate`, `selftest`). A/A, a planted 3 % slowdown, a 12 % speedup and a label
-  swap, at CPU-like noise (research/loop.md: GEAK#389 shipped with swapped slots, which only
+  swap, at CPU-like noise (a swapped-slot bug is one only
   such self-tests catch).
 
 Pure Python + numpy; imports nothing from the project (tests/unit/test_import_rules.py).
@@ -306,7 +306,7 @@ def gain(
 
 @dataclass(frozen=True)
 class Settings:
-    """Named thresholds of the acceptance rule (DESIGN.md §5)."""
+    """Named thresholds of the acceptance rule (docs/METHOD.md §5)."""
 
     min_gain: float = 0.01  # lower bound must beat 1 + this ...
     noise_multiplier: float = 2.0  # ... + this × stock noise
@@ -333,7 +333,7 @@ def stock_noise(stock: GainEstimate) -> float:
     a constant factor) satisfies |b| ≤ |g − 1| + |random error| ≤ |g − 1| + (g − L) with about
     the stated confidence — so stock noise is an upper bound on the setup's bias, in the same
     units as the candidate's lower bound − 1. It also scales with the machine: under 0.1 % on a
-    GPU, several percent on shared CPU cores (FACTS.md), so the bar rises where timing is worse.
+    GPU, several percent on shared CPU cores, so the bar rises where timing is worse.
     """
     return abs(stock.gain - 1.0) + (stock.gain - stock.lower)
 

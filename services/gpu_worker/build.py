@@ -1,4 +1,4 @@
-"""Building a candidate system's code (DESIGN.md §2): a detached `git worktree` of the repository
+"""Building a candidate system's code (docs/METHOD.md §2): a detached `git worktree` of the repository
 at a pinned revision with the candidate's patch applied, and loading the engine from it.
 
 - `build_worktree(repo, base_rev, patch, dest)` checks the patch (only files under engine/ and

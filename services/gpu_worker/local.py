@@ -1,5 +1,5 @@
 """A GPU worker in its own process, speaking JSON lines on stdin/stdout: the local stand-in for
-the gRPC server (DESIGN.md §2), used by the embedded mode and the controller's paired runs.
+the gRPC server (docs/METHOD.md §2), used by the embedded mode and the controller's paired runs.
 
   python -m specpilot.services.gpu_worker.local '{"engine": {...EngineConfig...}, "device": "cpu:0", "root": "/wt"}'
 
@@ -46,7 +46,11 @@ def main(argv: list[str]) -> int:
     from .profiling import measure
     from .scoring import load_scorer, score
 
-    engine = Engine(EngineConfig(**engine_cfg))
+    try:
+        engine = Engine(EngineConfig(**engine_cfg))
+    except (ValueError, TypeError, OSError, RuntimeError) as e:  # a system that cannot load: one line, no traceback
+        print(json.dumps({"error": " ".join(str(e).split()) or type(e).__name__}), flush=True)
+        return 1
     scorer = None
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
@@ -68,7 +72,7 @@ def main(argv: list[str]) -> int:
                 reply = {"outputs": outs, "prompt_ids": [engine.encode(r) for r in reqs]}
             print(json.dumps(reply), flush=True)
         except (ValueError, KeyError, TypeError) as e:  # a bad request is answered, never fatal
-            print(json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
+            print(json.dumps({"error": " ".join(f"{type(e).__name__}: {e}".split())}), flush=True)
     return 0
 
 

@@ -106,7 +106,8 @@ def last_error(log: str) -> str:
     else its last line."""
     lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
     errors = [ln for ln in lines if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b", ln)]
-    return (errors or lines or ["it printed nothing"])[-1][:500]
+    line = (errors or lines or ["it printed nothing"])[-1]
+    return line if len(line) <= 500 else line[:500].rsplit(" ", 1)[0] + " …"
 
 
 def code_tree(repo: Path | str, base_rev: str, patch: str) -> str:

@@ -1,4 +1,4 @@
-"""The reproduce check (DESIGN.md §7): an entry is stored only if applying it, with its
+"""The reproduce check (docs/METHOD.md §7): an entry is stored only if applying it, with its
 requirements, to stock reproduces the accepted system's code exactly.
 
 `reproduce` checks out `stock_rev` in a temporary detached `git worktree` of the repository,

@@ -1,4 +1,4 @@
-"""The planner's cost model and ceilings (DESIGN.md §6), as plain functions and dataclasses.
+"""The planner's cost model and ceilings (docs/METHOD.md §6), as plain functions and dataclasses.
 
     speedup(N) = τ(N) / c(N),   c(N) = T_step(N) / T_AR
 

@@ -35,11 +35,17 @@ lower_bound − 1 had to clear. A run summary::
      "report": str | None (free text or a path, shown as is)}
 
 A round's "incumbent after" is the next round's incumbent label, or the final label after the last.
+
+One rounding everywhere: every ratio (gain, lower bound, speed-up, ceiling factor) is ×N.NNN, every
+threshold and noise N.NNN, τ N.NN. Figures of the cost model are labelled as estimates; the
+measured ones are the controller's paired runs. Written by `write_report`, paths (verdict files,
+checkpoints) are shown relative to the run folder and linked relative to the page.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import xml.etree.ElementTree as ET
 from html import escape
 from pathlib import Path
@@ -79,13 +85,36 @@ def _n(x, spec: str = ".3f", unit: str = "", scale: float = 1.0) -> str:
 
 
 def _x(x) -> str:
-    """A verdict's gain or lower bound, as the CLI prints it (×1.0312)."""
-    return DASH if _f(x) is None else "×" + _n(x, ".4f")
+    """Any ratio — gain, lower bound, speed-up, factor — one way everywhere (×1.031)."""
+    return DASH if _f(x) is None else "×" + _n(x, ".3f")
 
 
-def _sp(x, spec: str = ".3f") -> str:
-    """A speedup, factor or ratio (2.310×)."""
-    return _n(x, spec, "×")
+class _Paths:
+    """Paths as a page shows them: relative to the run folder, linked relative to the page's folder
+    (the report folder). Without a folder (a page rendered on its own) paths are shown as given."""
+
+    def __init__(self, folder=None):
+        self.folder = Path(folder).resolve() if folder is not None else None
+        self.run = self.folder.parent if self.folder is not None else None
+
+    def show(self, p) -> str | None:
+        if not isinstance(p, str) or not p:
+            return None
+        if self.run is None or not os.path.isabs(p):
+            return p
+        return os.path.relpath(p, self.run)
+
+    def link(self, p, text=None) -> str:
+        """An <a> to path p (absolute, or relative to the run folder), or "—"."""
+        shown = self.show(p)
+        if shown is None:
+            return DASH
+        if self.folder is None:
+            href = p
+        else:
+            target = p if os.path.isabs(p) else os.path.join(self.run, p)
+            href = os.path.relpath(target, self.folder)
+        return f'<a href="{escape(Path(href).as_posix())}">{escape(text or shown)}</a>'
 
 
 def _e(x) -> str:
@@ -138,8 +167,11 @@ def _details(summary: str, text) -> str | None:
         if isinstance(text, str) and text.strip() else None
 
 
-def _deployment(d) -> str:
-    return " · ".join(f"{k} <b>{_e(_d(d).get(k))}</b>" for k in ("target", "drafter", "gpu", "batch"))
+def _deployment(d, paths: _Paths) -> str:
+    d = _d(d)
+    shown = {k: paths.show(d.get(k)) if k in ("target", "drafter") and isinstance(d.get(k), str) else d.get(k)
+             for k in ("target", "drafter", "gpu", "batch")}
+    return " · ".join(f"{k} <b>{_e(v)}</b>" for k, v in shown.items())
 
 
 # --------------------------------------------------------------------------- SVG charts
@@ -154,18 +186,65 @@ def _title(text: str) -> str:
     return f'<text x="10" y="20" font-size="14" font-weight="bold">{escape(text)}</text>'
 
 
-def _hbars(title: str, rows: list[tuple[str, float | None, bool]]) -> str:
-    """A horizontal bar per (label, value, highlighted), in the colours of costmodel.render_svg."""
+def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    """Round tick values covering [lo, hi]: steps of 1, 2 or 5 × a power of ten, about n of them."""
+    if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
+        return [lo] if math.isfinite(lo) else []
+    step = 10 ** math.floor(math.log10((hi - lo) / n))
+    step *= next((m for m in (1, 2, 5, 10) if (hi - lo) / (step * m) <= n), 10)
+    first = math.ceil(lo / step - 1e-9)
+    return [round(k * step, 12) for k in range(first, math.floor(hi / step + 1e-9) + 1)]
+
+
+def _tick_label(v: float, ticks: list[float], prefix: str = "") -> str:
+    step = min((b - a for a, b in zip(ticks, ticks[1:])), default=1.0)
+    digits = max(0, -math.floor(math.log10(step)) if step > 0 else 0)
+    return f"{prefix}{v:.{digits}f}"
+
+
+def _x_axis(X, lo: float, hi: float, left: float, right: float, y: float, label: str, prefix: str = "") -> str:
+    """A horizontal axis at y: the line, ticks with their values, and the axis label under them."""
+    ticks = _ticks(lo, hi)
+    out = [f'<line x1="{left:.1f}" y1="{y:.1f}" x2="{right:.1f}" y2="{y:.1f}" stroke="#333"/>']
+    for t in ticks:
+        out.append(f'<line x1="{X(t):.1f}" y1="{y:.1f}" x2="{X(t):.1f}" y2="{y + 4:.1f}" stroke="#333"/>'
+                   f'<text x="{X(t):.1f}" y="{y + 16:.1f}" text-anchor="middle" font-size="11">'
+                   f"{escape(_tick_label(t, ticks, prefix))}</text>")
+    out.append(f'<text x="{(left + right) / 2:.1f}" y="{y + 32:.1f}" text-anchor="middle">{escape(label)}</text>')
+    return "".join(out)
+
+
+def _y_axis(Y, lo: float, hi: float, x: float, top: float, bottom: float, label: str) -> str:
+    """A vertical axis at x: the line, ticks with their values, and the label turned along it."""
+    ticks = _ticks(lo, hi, 4)
+    out = [f'<line x1="{x:.1f}" y1="{top:.1f}" x2="{x:.1f}" y2="{bottom:.1f}" stroke="#333"/>']
+    for t in ticks:
+        out.append(f'<line x1="{x - 4:.1f}" y1="{Y(t):.1f}" x2="{x:.1f}" y2="{Y(t):.1f}" stroke="#333"/>'
+                   f'<text x="{x - 6:.1f}" y="{Y(t) + 4:.1f}" text-anchor="end" font-size="11">'
+                   f"{escape(_tick_label(t, ticks))}</text>")
+    mid = (top + bottom) / 2
+    out.append(f'<text x="12" y="{mid:.1f}" text-anchor="middle" transform="rotate(-90 12 {mid:.1f})">'
+               f"{escape(label)}</text>")
+    return "".join(out)
+
+
+def _hbars(title: str, rows: list[tuple[str, float | None, bool]], axis: str = "factor (×)") -> str:
+    """A horizontal bar per (label, value, highlighted), in the colours of costmodel.render_svg, over
+    an axis from 0 with its scale and label."""
     left, bar_w, row_h = 180, 380, 22
     vmax = max([v for _, v, _ in rows if v is not None and math.isfinite(v)] + [1e-30])
+    ticks = _ticks(0.0, vmax)
+    vmax = max(vmax, ticks[-1] if ticks else vmax)
     parts = [_title(title)]
     for i, (label, v, hi) in enumerate(rows):
         y = 32 + i * row_h
         w = 0.0 if v is None else bar_w if math.isinf(v) else max(1.0, bar_w * max(v, 0.0) / vmax)
         parts.append(f'<text x="10" y="{y + 14}">{escape(label[:26])}</text><rect x="{left}" y="{y}" width="{w:.1f}" '
                      f'height="16" fill="{"#d9534f" if hi else "#5b8def"}"/>'
-                     f'<text x="{left + w + 5:.1f}" y="{y + 14}">{escape(_sp(v, ".2f"))}</text>')
-    return _svg(left + bar_w + 110, 42 + len(rows) * row_h, parts, title)
+                     f'<text x="{left + w + 5:.1f}" y="{y + 14}">{escape(_x(v))}</text>')
+    bottom = 36 + len(rows) * row_h
+    parts.append(_x_axis(lambda v: left + bar_w * v / vmax, 0.0, vmax, left, left + bar_w, bottom, axis, "×"))
+    return _svg(left + bar_w + 110, bottom + 42, parts, title)
 
 
 def _gain_chart(cands: list[dict]) -> str:
@@ -183,8 +262,8 @@ def _gain_chart(cands: list[dict]) -> str:
     X = lambda v: left + width * (min(max(v, lo), hi) - lo) / (hi - lo)  # noqa: E731
     bottom = top + len(rows) * row_h
     parts = [_title("gain over the incumbent, with its 95 % lower bound"),
-             f'<line x1="{X(1):.1f}" y1="{top - 6}" x2="{X(1):.1f}" y2="{bottom}" stroke="#333"/>'
-             f'<text x="{X(1) - 8:.1f}" y="{bottom + 14}">×1</text>']
+             f'<line x1="{X(1):.1f}" y1="{top - 6}" x2="{X(1):.1f}" y2="{bottom + 20}" stroke="#333" '
+             'stroke-dasharray="2,2"/>']
     for i, (name, v) in enumerate(rows):
         y, g, lb, thr = top + i * row_h, _f(v["gain"]), _f(v.get("lower_bound")), _f(v.get("threshold"))
         (x0, x1), fill = sorted((X(1), X(g))), "#5cb85c" if v.get("accepted") is True else "#aaa"
@@ -198,7 +277,8 @@ def _gain_chart(cands: list[dict]) -> str:
         if thr is not None:
             parts.append(f'<line x1="{X(1 + thr):.1f}" y1="{y}" x2="{X(1 + thr):.1f}" y2="{y + 20}" '
                          'stroke="#d9534f" stroke-width="2" stroke-dasharray="3,2"/>')
-    y = bottom + 24
+    parts.append(_x_axis(X, lo, hi, left, left + width, bottom + 20, "gain over the incumbent (measured)", "×"))
+    y = bottom + 72
     parts.append(f'<circle cx="16" cy="{y}" r="3" fill="#222"/><text x="24" y="{y + 4}">lower bound</text>'
                  f'<line x1="120" y1="{y - 6}" x2="120" y2="{y + 6}" stroke="#d9534f" stroke-width="2" '
                  f'stroke-dasharray="3,2"/><text x="128" y="{y + 4}">1 + threshold</text>')
@@ -207,26 +287,31 @@ def _gain_chart(cands: list[dict]) -> str:
 
 def _by_round_chart(points: list[tuple[int, float | None, float | None]]) -> str:
     """Two stacked line panels over (round, speedup over stock, τ)."""
-    left, width, ph = 70, 520, 130
+    left, width, ph, gap = 90, 500, 130, 60
     ks = [p[0] for p in points] or [1]
     X = lambda k: left + (width * (k - min(ks)) / (max(ks) - min(ks)) if max(ks) > min(ks) else width / 2)  # noqa
     parts = []
-    for panel, title in ((1, "speedup over stock"), (2, "τ (tokens per step)")):
-        y0 = 10 + (panel - 1) * (ph + 40)
+    for panel, title, unit in ((1, "speed-up over stock (measured gains, multiplied)", "× stock"),
+                               (2, "τ (tokens per step, estimate)", "τ")):
+        y0 = 10 + (panel - 1) * (ph + gap)
         parts.append(f'<text x="10" y="{y0 + 14}" font-size="14" font-weight="bold">{escape(title)}</text>'
                      f'<line x1="{left}" y1="{y0 + ph}" x2="{left + width}" y2="{y0 + ph}" stroke="#333"/>'
-                     + "".join(f'<text x="{X(k) - 4:.1f}" y="{y0 + ph + 16}">{k}</text>' for k in ks))
+                     + "".join(f'<text x="{X(k):.1f}" y="{y0 + ph + 16}" text-anchor="middle">{k}</text>'
+                               for k in ks)
+                     + f'<text x="{left + width / 2:.1f}" y="{y0 + ph + 32}" text-anchor="middle">round</text>')
         pts = [(p[0], p[panel]) for p in points if p[panel] is not None and math.isfinite(p[panel])]
         if not pts:
             continue
         lo, hi = min(v for _, v in pts), max(v for _, v in pts)
         lo, hi = (lo - 0.5, hi + 0.5) if hi - lo < 1e-9 else (lo - 0.1 * (hi - lo), hi + 0.1 * (hi - lo))
         Y = lambda v: y0 + ph - (ph - 30) * (v - lo) / (hi - lo)  # noqa: E731
+        parts.append(_y_axis(Y, lo, hi, left - 10, y0 + 20, y0 + ph, unit))
         parts.append(f'<polyline points="{" ".join(f"{X(k):.1f},{Y(v):.1f}" for k, v in pts)}" fill="none" '
                      'stroke="#5b8def" stroke-width="2"/>')
-        parts += [f'<circle cx="{X(k):.1f}" cy="{Y(v):.1f}" r="4" fill="#5b8def"><title>round {k}: {v:.3f}</title>'
-                  f'</circle><text x="{X(k) + 6:.1f}" y="{Y(v) - 6:.1f}">{v:.3f}</text>' for k, v in pts]
-    return _svg(left + width + 60, 2 * (ph + 40) + 10, parts, "speedup over stock and τ by round")
+        parts += [f'<circle cx="{X(k):.1f}" cy="{Y(v):.1f}" r="4" fill="#5b8def"><title>round {k}: {_x(v) if panel == 1 else _n(v, ".2f")}</title>'
+                  f'</circle><text x="{X(k) + 6:.1f}" y="{Y(v) - 6:.1f}">'
+                  f'{_x(v) if panel == 1 else _n(v, ".2f")}</text>' for k, v in pts]
+    return _svg(left + width + 60, 2 * (ph + gap) + 10, parts, "speed-up over stock and τ by round")
 
 
 def _safe_svg(svg) -> str | None:
@@ -250,14 +335,15 @@ def _safe_svg(svg) -> str | None:
 # --------------------------------------------------------------------------- round page
 
 
-def _candidate(i: int, c: dict) -> str:
+def _candidate(i: int, c: dict, paths: _Paths) -> str:
     cls, mark, word = _status(c)
     label = word if mark == "·" else f"{mark} {word}"
     v, pred = _d(c.get("verdict")), _d(c.get("predicted"))
     entry = " / ".join(str(x) for x in (c.get("entry"), c.get("variant")) if x) or None
     rows = [["agent", c.get("agent")], ["entry / variant", entry],
             ["options", _kv(c.get("options"))], ["rationale", c.get("rationale")],
-            ["predicted τ", _n(pred.get("tau"), ".2f")], ["predicted speedup", _sp(pred.get("speedup"), ".2f")]]
+            ["predicted τ (cost-model estimate)", _n(pred.get("tau"), ".2f")],
+            ["predicted speed-up over AR (cost-model estimate)", _x(pred.get("speedup"))]]
     rows += [[k, c[k]] for k in ("pruned", "error") if c.get(k)]
     out = [f'<section class="cand" id="cand-{i}"><h3>{_e(c.get("name"))} <span class="{cls}">{label}</span></h3>',
            _table(None, rows),
@@ -267,21 +353,23 @@ def _candidate(i: int, c: dict) -> str:
         out.append(_table(["verdict", "gain", "95 % lower bound", "threshold (bound − 1 >)", "stock noise", "forcing",
                            "verdict file"],
                           [[_Raw(f'<span class="{cls}">{label}</span>'), _x(v.get("gain")), _x(v.get("lower_bound")),
-                            _n(v.get("threshold"), ".4f"), _n(v.get("stock_noise"), ".4f"),
-                            DASH if fp is None else f"{_OK} passed" if fp else f"{_NO} failed", v.get("path")]]))
+                            _n(v.get("threshold"), ".3f"), _n(v.get("stock_noise"), ".3f"),
+                            DASH if fp is None else f"{_OK} passed" if fp else f"{_NO} failed",
+                            _Raw(paths.link(v.get("path")))]]))
         reasons = v.get("reasons") if isinstance(v.get("reasons"), (list, tuple)) else []
         out.append("<ul>" + "".join(f"<li>{_e(r)}</li>" for r in reasons) + "</ul>")
     return "\n".join(out) + "</section>"
 
 
-def render_round_html(record: dict) -> str:
-    """One self-contained HTML page for one round record (schema: module docstring)."""
-    r = _d(record)
+def render_round_html(record: dict, folder=None) -> str:
+    """One self-contained HTML page for one round record (schema: module docstring); `folder` is
+    where the page is written (paths are shown relative to its parent, the run folder)."""
+    r, paths = _d(record), _Paths(folder)
     k, cm, inc = _round_no(r, 0), _d(r.get("costmodel")), _d(r.get("incumbent"))
     ceil, cands, res = _d(cm.get("ceiling")), _dicts(r.get("candidates")), _d(r.get("result"))
     body = ['<p><a href="index.html">← run overview</a></p>',
             f'<h1>Round {k} <small class="muted">{_e(r.get("status"))}</small></h1>',
-            f"<p>{_deployment(r.get('deployment'))} · date <b>{_e(r.get('date'))}</b></p>", "<h2>Incumbent</h2>",
+            f"<p>{_deployment(r.get('deployment'), paths)} · date <b>{_e(r.get('date'))}</b></p>", "<h2>Incumbent</h2>",
             _table(["label", "config", "entries"],
                    [[inc.get("label"), _kv(inc.get("config")), _strs(inc.get("entries"))]]),
             _details("incumbent patch", inc.get("patch")) or ""]
@@ -290,9 +378,11 @@ def render_round_html(record: dict) -> str:
              f"<p>T_AR <b>{_n(cm.get('t_ar_s'), '.3f', ' ms', 1e3)}</b> · τ current "
              f"<b>{_n(cm.get('tau_current'), '.2f')}</b> · τ oracle <b>{_n(cm.get('tau_oracle'), '.2f')}</b> · "
              f"best budget <b>{_e(best)}</b></p>",
-             _table(["policy", "rows", "τ", "T_step ms", "c", "speedup"],
+             '<p class="muted">Profiled estimates: τ, T_step, c and speed-up over AR = τ / c come from '
+             "profiled runs and the cost model; the measured gains are the verdicts below.</p>",
+             _table(["policy", "rows", "τ (profiled)", "T_step ms", "c (estimate)", "speed-up over AR (estimate)"],
                     [[b.get("policy"), _n(b.get("rows"), ".0f"), _n(b.get("tau"), ".2f"),
-                      _n(b.get("t_step_s"), ".3f", "", 1e3), _n(b.get("c")), _sp(b.get("speedup"), ".2f")]
+                      _n(b.get("t_step_s"), ".3f", "", 1e3), _n(b.get("c")), _x(b.get("speedup"))]
                      for b in budgets],
                     hi={i for i, b in enumerate(budgets) if best is not None and b.get("policy") == best})]
     if _d(cm.get("replay")):
@@ -300,18 +390,18 @@ def render_round_html(record: dict) -> str:
     factors, per_class = _d(ceil.get("factors")), _dicts(ceil.get("per_class"))
     names = list(factors) or ["tree", "kernels", "off_profile"]
     body += ["<h2>Ceiling</h2>",
-             f"<p>product <b>{_sp(ceil.get('product'))}</b> · largest <b>{_e(ceil.get('largest'))}</b></p>",
-             _table(["factor", "value"], [[f, _sp(factors.get(f))] for f in names],
+             f"<p>product <b>{_x(ceil.get('product'))}</b> · largest <b>{_e(ceil.get('largest'))}</b></p>",
+             _table(["factor", "value"], [[f, _x(factors.get(f))] for f in names],
                     hi={i for i, f in enumerate(names) if f == ceil.get("largest")}),
              _table(["class", "seconds", "floor s", "time / floor"],
                     [[p.get("class"), _n(p.get("seconds"), ".3e"), _n(p.get("floor_s"), ".3e"),
-                      _sp(p.get("ratio"), ".2f")] for p in per_class])]
+                      _x(p.get("ratio"))] for p in per_class])]
     svg = _safe_svg(cm.get("svg"))
     body.append(svg or _hbars("ceiling factors (largest in red)",
                               [(str(f), _f(factors.get(f)), f == ceil.get("largest")) for f in names]))
     if not svg and per_class:
         body.append(_hbars("time / byte floor per class", [(str(p.get("class")), _f(p.get("ratio")), False)
-                                                            for p in per_class]))
+                                                            for p in per_class], "profiled time / byte floor (×)"))
     acc = _dicts(r.get("accepted"))
     notes = [n for log in _d(r.get("agents")).values() for n in (_d(log).get("notes") or [])]
     skipped = [s for log in _d(r.get("agents")).values() for s in _dicts(_d(log).get("skipped"))]
@@ -319,14 +409,15 @@ def render_round_html(record: dict) -> str:
              "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>" if notes else "",
              _details(f"variants not proposed ({len(skipped)})",
                       "\n".join(f"{s.get('name')}: {s.get('reason')}" for s in skipped)) if skipped else "",
-             f"<h2>Candidates ({len(cands)})</h2>", *(_candidate(i, c) for i, c in enumerate(cands)),
+             f"<h2>Candidates ({len(cands)})</h2>", *(_candidate(i, c, paths) for i, c in enumerate(cands)),
              "<h2>Gains</h2>", _gain_chart(cands), "<h2>Accepted entries</h2>",
-             _table(["candidate", "entry", "gain", "95 % lower bound", "verdict"],
-                    [[a.get("candidate"), a.get("entry"), _x(a.get("gain")), _x(a.get("lower_bound")),
+             _table(["candidate", "memory entry", "gain", "95 % lower bound", "verdict"],
+                    [[a.get("candidate"), _entry_link(a.get("entry")), _x(a.get("gain")), _x(a.get("lower_bound")),
                       a.get("verdict_id")] for a in acc]) if acc else '<p class="muted">none</p>',
-             "<h2>Result</h2>", _table(["τ", "speedup over AR", "speedup over stock"],
-                                       [[_n(res.get("tau"), ".2f"), _sp(res.get("speedup_over_ar")),
-                                         _sp(res.get("speedup_over_stock"))]])]
+             "<h2>Result</h2>", _table(["τ (estimate)", "speed-up over AR (cost-model estimate)",
+                                        "speed-up over stock (measured gains, multiplied)"],
+                                       [[_n(res.get("tau"), ".2f"), _x(res.get("speedup_over_ar")),
+                                         _x(res.get("speedup_over_stock"))]])]
     return _page(f"specpilot — round {k}", body)
 
 
@@ -343,34 +434,66 @@ def _round_row(rounds: list[dict], i: int, final: dict) -> dict:
     return {"k": _round_no(r, i), "status": r.get("status") or DASH, "direction": r.get("direction") or DASH,
             "evaluated": len(ver), "accepted": sum(v.get("accepted") is True for v in ver),
             "best": _x(max(gains)) if gains else DASH, "tau": _n(res.get("tau"), ".2f"),
-            "stock": _sp(res.get("speedup_over_stock")), "after": str(after) if after else DASH}
+            "stock": _x(res.get("speedup_over_stock")), "after": str(after) if after else DASH}
+
+
+def _anchor(key: str) -> str:
+    return "entry-" + "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in key)
+
+
+def _entry_link(key, page: str = "index.html") -> str:
+    """A memory entry's key, linked to its row in the run page's memory table."""
+    return _Raw(f'<a href="{page}#{_anchor(key)}">{escape(key)}</a>') if isinstance(key, str) and key else DASH
+
+
+def _memory_rows(rounds: list[dict], paths: _Paths) -> list[list]:
+    """The run's accepted memory entries: key (anchored), how to show it, round, gain, bound, verdict file."""
+    rows = []
+    for i, r in enumerate(rounds):
+        verdicts = {c.get("name"): _d(c.get("verdict")) for c in _dicts(r.get("candidates"))}
+        for a in _dicts(r.get("accepted")):
+            key = a.get("entry")
+            if not isinstance(key, str) or not key:
+                continue
+            ident, _, version = key.partition("@")
+            show = f"specpilot memory show {ident}" + (f" --version {version}" if version else "")
+            rows.append([_Raw(f'<span id="{_anchor(key)}">{escape(key)}</span>'), _Raw(f"<code>{escape(show)}</code>"),
+                         _round_no(r, i), _x(a.get("gain")), _x(a.get("lower_bound")),
+                         _Raw(paths.link(verdicts.get(a.get("candidate"), {}).get("path")))])
+    return rows
 
 
 def _final_lines(final: dict) -> list[tuple[str, str]]:
-    return [(f"speedup over {w}", f"{_sp(_d(final.get(k)).get('gain'))} "
-                                  f"(95 % lower bound {_sp(_d(final.get(k)).get('lower_bound'))})")
+    return [(f"speedup over {w} (measured)", f"{_x(_d(final.get(k)).get('gain'))} "
+                                  f"(95 % lower bound {_x(_d(final.get(k)).get('lower_bound'))})")
             for w, k in (("stock", "speedup_over_stock"), ("AR", "speedup_over_ar"))]
 
 
-def render_index_html(summary: dict) -> str:
-    """The run's page: deployment, rounds table, chart by round, final system, links to round pages."""
-    s = _d(summary)
+def render_index_html(summary: dict, folder=None) -> str:
+    """The run's page: deployment, rounds table, chart by round, final system, memory entries, links
+    to round pages; `folder` as in `render_round_html`."""
+    s, paths = _d(summary), _Paths(folder)
     rounds, final = _dicts(s.get("rounds")), _d(s.get("final"))
     rows = [_round_row(rounds, i, final) for i in range(len(rounds))]
     link = lambda k: _Raw(f'<a href="round-{k}.html">round {k}</a>')  # noqa: E731
-    body = ["<h1>specpilot run</h1>", f"<p>{_deployment(s.get('deployment'))}</p>", "<h2>Rounds</h2>",
-            _table(["round", "status", "direction", "evaluated / accepted", "best gain", "τ", "speedup over stock",
-                    "incumbent after"],
+    body = ["<h1>specpilot run</h1>", f"<p>{_deployment(s.get('deployment'), paths)}</p>", "<h2>Rounds</h2>",
+            _table(["round", "status", "direction", "evaluated / accepted", "best gain", "τ (estimate)",
+                    "speed-up over stock (measured gains, multiplied)", "incumbent after"],
                    [[link(x["k"]), x["status"], x["direction"], f'{x["evaluated"]} / {x["accepted"]}', x["best"],
                      x["tau"], x["stock"], x["after"]] for x in rows]),
             _by_round_chart([(_round_no(r, i), _f(_d(r.get("result")).get("speedup_over_stock")),
                               _f(_d(r.get("result")).get("tau"))) for i, r in enumerate(rounds)]),
             "<h2>Final system</h2>",
             _table(None, [["label", final.get("label")], ["config", _kv(final.get("config"))],
-                              ["entries", _strs(final.get("entries"))], *map(list, _final_lines(final))])
+                              ["entries", _Raw(", ".join(_entry_link(e) for e in final.get("entries") or []) or DASH)],
+                          *map(list, _final_lines(final))])
             if final else '<p class="muted">no final system yet (run in progress)</p>']
+    memory = _memory_rows(rounds, paths)
+    body += ["<h2>Memory entries</h2>",
+             _table(["entry", "show it", "round", "gain", "95 % lower bound", "verdict file"], memory) if memory
+             else '<p class="muted">no entry was stored by this run</p>']
     if s.get("report"):
-        body += ["<h2>Report</h2>", f"<pre>{escape(str(s['report']))}</pre>"]
+        body += ["<h2>Report</h2>", f"<pre>{escape(str(paths.show(str(s['report']))))}</pre>"]
     body += ["<h2>Round pages</h2>", "<ul>" + "".join(f"<li>{link(x['k'])}</li>" for x in rows) + "</ul>"]
     return _page("specpilot run", body)
 
@@ -396,7 +519,7 @@ def render_terminal(summary: dict) -> str:
             _, mark, word = _status(c)
             v, why = _d(c.get("verdict")), c.get("error") or c.get("pruned")
             tail = (f"gain {_x(v.get('gain'))}  lower bound {_x(v.get('lower_bound'))}  threshold "
-                    f"{_n(v.get('threshold'), '.4f')}" if v else _plain(why, 70) if why else "")
+                    f"{_n(v.get('threshold'), '.3f')}" if v else _plain(why, 70) if why else "")
             lines.append(f"    {mark} {_plain(c.get('name'), 30):<31}{_plain(c.get('agent'), 8):<9}{word:<14}{tail}")
     lines.append("")
     if final:
@@ -414,7 +537,7 @@ def write_report(summary: dict, folder) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     for i, r in enumerate(_dicts(_d(summary).get("rounds"))):
-        (folder / f"round-{_round_no(r, i)}.html").write_text(render_round_html(r), encoding="utf-8")
+        (folder / f"round-{_round_no(r, i)}.html").write_text(render_round_html(r, folder), encoding="utf-8")
     index = folder / "index.html"
-    index.write_text(render_index_html(summary), encoding="utf-8")
+    index.write_text(render_index_html(summary, folder), encoding="utf-8")
     return index

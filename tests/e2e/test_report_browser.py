@@ -71,7 +71,7 @@ def test_report_renders_in_chromium(tmp_path):
     assert page.count.get("table", 0) >= 2 and page.count.get("svg") == 1
     assert page.count.get("polyline") == 2
     assert {"round-1.html", "round-2.html"} <= set(page.hrefs)
-    assert "1.051× (95 % lower bound 1.030×)" in "".join(page.text)
+    assert "×1.051 (95 % lower bound ×1.030)" in "".join(page.text)
 
     page = _dom(index.parent / "round-1.html", tmp_path)
     text = "".join(page.text)

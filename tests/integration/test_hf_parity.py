@@ -1,4 +1,4 @@
-"""The engine computes what Hugging Face Transformers computes on the same checkpoint (DESIGN.md §3).
+"""The engine computes what Hugging Face Transformers computes on the same checkpoint (docs/METHOD.md §3).
 
 Two directions:
   * HF → engine: a tiny random Transformers model of every supported family (weights perturbed with

@@ -1,5 +1,5 @@
 """Bad checkpoint folders raise ONE clear `CheckpointError` (a ValueError) naming the file and the
-tensor or field; nothing half-loaded survives (engine/checkpoint.py, DESIGN.md §3).
+tensor or field; nothing half-loaded survives (engine/checkpoint.py, docs/METHOD.md §3).
 
 Folders are written with the engine's own `save_model` / `write_checkpoint` and then corrupted.
 """

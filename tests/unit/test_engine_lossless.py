@@ -1,5 +1,5 @@
 """Speculative output == AR output, token for token, in float64, for every family and drafter kind
-(DESIGN.md §3: float64 so that near-ties cannot split the two)."""
+(docs/METHOD.md §3: float64 so that near-ties cannot split the two)."""
 
 from functools import lru_cache
 

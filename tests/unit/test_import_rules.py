@@ -1,4 +1,4 @@
-"""DESIGN.md's import rules, checked on the source with `ast` (no project code is imported).
+"""The import rules of docs/METHOD.md §2, checked on the source with `ast` (no project code is imported).
 
 - engine/ imports no service; kernels/ imports neither the engine nor the services.
 - The controller and the planner never import the engine, not even through another project

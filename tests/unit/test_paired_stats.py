@@ -1,4 +1,4 @@
-"""Statistics of the controller's paired runs (services/controller/stats.py; DESIGN.md §5)."""
+"""Statistics of the controller's paired runs (services/controller/stats.py; docs/METHOD.md §5)."""
 
 from __future__ import annotations
 

@@ -111,10 +111,10 @@ def test_round_page_content_and_numbers():
     html = render_round_html(_round())
     assert html.startswith("<!DOCTYPE html>") and "Round 1" in html
     for text in ("qwen3-8b", "eagle3", "h200", "2025-05-01", "stock", "mode=chain, n=8",
-                 "12.500", "15.100", "18.200", "2.92×", "4.25", "5.90", "tree/n32",  # cost model
-                 "4.213×", "2.710×", "1.388×", "9.000e-03", "2.25×", "∞",  # ceiling
-                 "kernel:target_linear", "×1.0523", "×1.0311", "0.0150", "0.0025", "verdicts/r1-a.json",
-                 "predicted speedup 1.90× below", "r1-a", "3.020×", "1.052×"):
+                 "12.500", "15.100", "18.200", "×2.919", "4.25", "5.90", "tree/n32",  # cost model
+                 "×4.213", "×2.710", "×1.388", "9.000e-03", "×2.250", "∞",  # ceiling
+                 "kernel:target_linear", "×1.052", "×1.031", "0.015", "0.003", "verdicts/r1-a.json",
+                 "predicted speedup 1.90× below", "r1-a", "×3.020", "×1.052"):
         assert text in html, text
     # the best budget and the largest factor are highlighted
     assert re.search(r'<tr class="hi"><td>tree/n32</td>', html)
@@ -193,8 +193,9 @@ def test_missing_optional_fields_do_not_crash():
 def test_index_page_content_links_and_chart():
     html = render_index_html(_summary())
     assert 'href="round-1.html"' in html and 'href="round-2.html"' in html
-    for text in ("qwen3-8b", "kernel:target_linear", "2 / 1", "1 / 0", "×1.0523", "×0.9874", "round-1",
-                 "round-2", "1.051× (95 % lower bound 1.030×)", "3.000× (95 % lower bound 2.910×)", "tree-best-first", "one accepted entry"):
+    for text in ("qwen3-8b", "kernel:target_linear", "2 / 1", "1 / 0", "×1.052", "×0.987", "round-1",
+                 "round-2", "×1.051 (95 % lower bound ×1.030)", "×3.000 (95 % lower bound ×2.910)", "tree-best-first",
+                 "one accepted entry"):
         assert text in html, text
     svgs = _svgs(html)
     assert len(svgs) == 1
@@ -218,13 +219,13 @@ def test_terminal_summary():
     assert "<td" not in text and "&lt;" not in text  # plain text, not HTML
     lines = text.splitlines()
     assert "qwen3-8b" in lines[0]
-    assert any(line.startswith("1 ") and "×1.0523" in line and "round-1" in line for line in lines)
-    assert any("✓ tree-best-first/n32" in line and "accepted" in line and "×1.0311" in line for line in lines)
+    assert any(line.startswith("1 ") and "×1.052" in line and "round-1" in line for line in lines)
+    assert any("✓ tree-best-first/n32" in line and "accepted" in line and "×1.031" in line for line in lines)
     assert any("✗ command-1" in line and "rejected" in line for line in lines)
     assert any("chain/n4" in line and "pruned" in line for line in lines)
     assert any("command-2" in line and "patch does not apply" in line for line in lines)
-    assert "speedup over stock: 1.051× (95 % lower bound 1.030×)" in text
-    assert "speedup over AR: 3.000× (95 % lower bound 2.910×)" in text
+    assert "speedup over stock (measured): ×1.051 (95 % lower bound ×1.030)" in text
+    assert "speedup over AR (measured): ×3.000 (95 % lower bound ×2.910)" in text
 
 
 def test_terminal_drops_control_characters():
@@ -265,3 +266,33 @@ def test_round_page_says_why_the_agents_attacked_another_factor():
     html = render_round_html(rec)
     assert "attacks the kernels factor" in html and "attacking the tree factor" in html
     assert "variants not proposed (1)" in html and "needs &lt;profile&gt;" in html
+
+
+def test_written_pages_link_verdicts_and_entries_relative_to_the_run_folder(tmp_path):
+    """Verdict files are links relative to the page, paths are shown relative to the run folder (no
+    absolute path of the machine), accepted entries link to the run page's memory table, and every
+    chart has an axis with a scale and a label."""
+    run = tmp_path / "run"
+    s = _summary()
+    s["deployment"] = {**DEPLOYMENT, "target": str(tmp_path / "ckpt" / "t"), "drafter": str(tmp_path / "ckpt" / "d")}
+    s["rounds"][0]["candidates"][0]["verdict"]["path"] = str(run / "verdicts" / "r1-a.json")
+    s["rounds"][0]["accepted"][0]["entry"] = "tree-best-first@2"
+    index = write_report(s, run / "report")
+    html = index.read_text(encoding="utf-8") + (index.parent / "round-1.html").read_text(encoding="utf-8")
+    assert str(tmp_path) not in html
+    assert '<a href="../verdicts/r1-a.json">verdicts/r1-a.json</a>' in html
+    assert "../ckpt/t" in html
+    assert 'href="index.html#entry-tree-best-first-2"' in html and 'id="entry-tree-best-first-2"' in html
+    assert "specpilot memory show tree-best-first --version 2" in html
+    for label in ("gain over the incumbent (measured)", "factor (×)", "round", "× stock"):
+        assert f">{label}</text>" in html, label
+    assert "(cost-model estimate)" in html and "(estimate)" in html
+
+
+def test_ticks_are_round_and_cover_the_range():
+    from specpilot.services.planner.report import _ticks
+
+    assert _ticks(0.0, 1.0) == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    t = _ticks(0.97, 1.06)
+    assert t[0] >= 0.97 and t[-1] <= 1.06 and 3 <= len(t) <= 6
+    assert all(abs(round(v / 0.02) * 0.02 - v) < 1e-9 for v in t)
