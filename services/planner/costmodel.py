@@ -58,7 +58,7 @@ DEVICES: dict[str, DeviceSpec] = {
         788e12,
         4.28e12,
         "measured on a lent H200: 8192³ bf16 matmul through PyTorch at 788 TFLOP/s on random data (datasheet "
-        "989), device-to-device copy 4.28 TB/s read + written (datasheet 4.8); also bench/results/ar_decode_h200.json",
+        "989), device-to-device copy 4.28 TB/s read + written (datasheet 4.8); bench/results/gpu_fastpath.json measured 4.21 TB/s",
     ),
     "rtx-pro-6000": DeviceSpec(
         "rtx-pro-6000",
