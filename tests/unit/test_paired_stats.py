@@ -374,3 +374,59 @@ def test_swapping_labels_inverts_the_gain_exactly(samples):
     upper = math.exp(ab.log_gain + ab.t_quantile * ab.std_err)
     assert ba.lower * upper == pytest.approx(1.0, rel=1e-9)
     assert swapped(swapped(samples)) == samples
+
+
+# --- power ------------------------------------------------------------------------------------
+
+
+def _acceptance(true_gain: float, cv: float, repeats: int, cells: int, trials: int = 200) -> float:
+    """How often the whole rule (stock noise measured the same way) accepts a true gain, simulated."""
+    rng, accepted = np.random.default_rng(11), 0
+    for _ in range(trials):
+        a, b = (int(x) for x in rng.integers(0, 2**62, 2))
+        stock = gain(simulate(1.0, cv, 0.1, repeats, cells, a), bootstrap_resamples=10)
+        cand = gain(simulate(true_gain, cv, 0.1, repeats, cells, b), bootstrap_resamples=10)
+        accepted += decide(cand, stock, False).accepted
+    return accepted / trials
+
+
+@pytest.mark.parametrize("cv, repeats, cells", [(0.07, 6, 1), (0.07, 14, 4), (0.02, 4, 1)])
+def test_smallest_acceptable_gain_is_where_the_simulated_rule_accepts_half_the_time(cv, repeats, cells):
+    """The closed form against the real rule on simulated runs: about half accepted at the smallest
+    acceptable gain, nearly all at twice its margin, nearly none at half of it."""
+    sd = math.sqrt(math.log1p(cv * cv)) / math.sqrt(cells)  # per-repeat sd of the log ratio (see noise_cv)
+    g = stats.smallest_acceptable_gain(sd, repeats)
+    assert 0.3 <= _acceptance(g, cv, repeats, cells) <= 0.75
+    assert _acceptance(1 + 2 * (g - 1), cv, repeats, cells) >= 0.95
+    assert _acceptance(1 + (g - 1) / 2, cv, repeats, cells) <= 0.1
+
+
+def test_the_rounds_design_on_cpu_noise_cannot_accept_a_12_percent_gain():
+    """6 repeats × 1 cell at 7 % per-run noise: the smallest acceptable gain is about 24 %, so a
+    12 % gain is rarely accepted (the reference design, 14 × 4, accepts it almost always)."""
+    sd = math.sqrt(math.log1p(0.07**2))
+    assert 0.2 < stats.smallest_acceptable_gain(sd, 6) - 1 < 0.3
+    assert stats.smallest_acceptable_gain(sd / 2, 14) - 1 < 0.1
+    assert _acceptance(1.12, 0.07, 6, 1) < 0.1
+
+
+def test_noise_cv_recovers_the_simulated_noise():
+    for cv, cells in ((0.07, 1), (0.03, 4)):
+        est = gain(simulate(1.0, cv, 0.2, 400, cells, seed=3), bootstrap_resamples=10)
+        assert stats.noise_cv(est) == pytest.approx(cv, rel=0.1)
+
+
+def test_power_check_names_the_repeats_that_reach_the_target():
+    quiet = gain(_fixed([0.002, -0.002, 0.001, -0.001, 0.0]))
+    ok = stats.power_check(quiet, "gpu")
+    assert ok["meets_target"] and ok["smallest_gain"] < 0.05 and ok["repeats_for_target"] <= 5
+    loud = gain(_fixed(STOCK_D))  # per-repeat sd 0.0158 at 5 repeats
+    bad = stats.power_check(loud, "gpu")
+    assert not bad["meets_target"] and bad["smallest_gain"] > 0.05 and bad["target"] == 0.05
+    n = bad["repeats_for_target"]
+    assert stats.smallest_acceptable_gain(bad["per_repeat_sd"], n) <= 1.05 < \
+        stats.smallest_acceptable_gain(bad["per_repeat_sd"], n - 1)
+    assert stats.power_check(loud, "cpu")["target"] == 0.10
+    assert stats.repeats_for(0.005, 0.01) is None  # below the 1 % floor: no number of repeats
+    with pytest.raises(ValueError, match="device kind"):
+        stats.power_check(loud, "tpu")
