@@ -49,7 +49,8 @@ def test_selftest_cli_json(capsys, monkeypatch):
         assert key in out
     assert out["deployment_design"]["repeats"] == 12
     assert main(["selftest", "--json", "--repeats", "1"]) == 2
-    assert "at least 2 repeats" in capsys.readouterr().err
+    error = json.loads(capsys.readouterr().out)["error"]  # under --json an error is one JSON object on stdout
+    assert "--repeats 1" in error and "2 or more" in error
 
 
 def test_silent_slowdown_keeps_the_output():
