@@ -69,9 +69,10 @@ def measure_pair(target, drafter, prompts, new_tokens):
 
 
 def snapshot_memory(cfg, n: int = 32) -> dict:
-    """Bytes a tree pass of n nodes keeps for Gated DeltaNet layers: a float32 state per node and
-    layer (snapshots), against per-node delta-rule inputs plus one state per root path in flight
-    (replay; a tree of n nodes has at most n paths)."""
+    """Bytes a tree pass of n nodes keeps for Gated DeltaNet layers, from the shapes: a float32
+    state per node and layer (snapshots), against per-node delta-rule inputs plus, on the eager
+    driver, one running state per root path for the layer in flight (an upper bound: a tree of n
+    nodes has at most n paths; the static driver keeps no state per path)."""
     gdn = cfg.layer_types.count("linear_attention")
     H, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
     state = H * dk * dv * 4

@@ -7,11 +7,12 @@ import torch
 import torch.nn.functional as F
 
 
-def gated_delta_rule(q, k, v, g, beta, h):
+def gated_delta_rule(q, k, v, g, beta, h, every_state: bool = True):
     """Reference recurrence, one position at a time: h ← h·e^g; h ← h + k ⊗ β(v − hᵀk); o = hᵀq.
 
     q, k: [B, T, H, Dk]; v: [B, T, H, Dv]; g, beta: [B, T, H]; h: [B, H, Dk, Dv].
-    Returns outputs [B, T, H, Dv] and the state after every position [B, T, H, Dk, Dv].
+    Returns outputs [B, T, H, Dv] and the state after every position [B, T, H, Dk, Dv], or with
+    every_state=False the final state [B, H, Dk, Dv] only (one state per batch row in flight).
     """
     outs, states = [], []
     for t in range(q.shape[1]):
@@ -20,8 +21,9 @@ def gated_delta_rule(q, k, v, g, beta, h):
         delta = (v[:, t] - torch.einsum("bhkv,bhk->bhv", h, kt)) * beta[:, t, :, None]
         h = h + kt[..., :, None] * delta[..., None, :]
         outs.append(torch.einsum("bhkv,bhk->bhv", h, q[:, t]))
-        states.append(h)
-    return torch.stack(outs, 1), torch.stack(states, 1)
+        if every_state:
+            states.append(h)
+    return torch.stack(outs, 1), torch.stack(states, 1) if every_state else h
 
 
 def chunked_gated_delta_rule(q, k, v, g, beta, h, chunk: int = 64):
@@ -102,9 +104,9 @@ def replay_path(stash: dict, path: list[int], h0: torch.Tensor, conv0: torch.Ten
     same rows that a chain pass over those tokens runs, so it commits what chain verification commits.
     stash: a tree pass's per-node pre-conv rows ("mixed" [N, C]) and delta-rule inputs ("rule")."""
     idx = torch.tensor(path, device=h0.device)
-    _, states = gated_delta_rule(*(t[idx][None] for t in stash["rule"]), h0)
+    _, h = gated_delta_rule(*(t[idx][None] for t in stash["rule"]), h0, every_state=False)
     conv_in = torch.cat((conv0, stash["mixed"][idx].T[None]), dim=-1)
-    return states[:, -1], conv_in[:, :, conv_in.shape[2] - conv0.shape[2]:]
+    return h, conv_in[:, :, conv_in.shape[2] - conv0.shape[2]:]
 
 
 # ---- the static-shape path: trees of rows in parallel form -------------------------------------

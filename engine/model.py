@@ -234,8 +234,9 @@ class GatedDeltaNet(nn.Module):
 
     def forward_tree(self, x, h0: torch.Tensor, conv0: torch.Tensor, parents: list[int]):
         """N tree nodes (batch 1), without a state per node: every root path runs the recurrence
-        from the committed state, the paths side by side. Returns (output, stash) where the stash
-        holds each node's pre-conv row and delta-rule inputs, for `replay` of the accepted path."""
+        from the committed state, the paths side by side, each keeping only its current state (one
+        state per root path in flight, per layer). Returns (output, stash) where the stash holds
+        each node's pre-conv row and delta-rule inputs, for `replay_path` of the accepted path."""
         _, N, _ = x.shape
         q, k, v, z, b, a = self.split(x)
         mixed = torch.cat((q.reshape(N, -1), k.reshape(N, -1), v.reshape(N, -1)), dim=-1)  # [N, C]
@@ -245,7 +246,8 @@ class GatedDeltaNet(nn.Module):
         wp, wt = first_occurrence(idx.cpu(), N)
         conv_out = self.conv(conv_in)[wp, wt]  # [N, C]: a node's conv window is its own root path
         q, k, v, g, beta = self.rule_inputs(conv_out, b[0], a[0])
-        out, _ = gated_delta_rule(*(gather_paths(t, idx) for t in (q, k, v, g, beta)), h0.expand(P, -1, -1, -1))
+        out, _ = gated_delta_rule(*(gather_paths(t, idx) for t in (q, k, v, g, beta)), h0.expand(P, -1, -1, -1),
+                                  every_state=False)
         out = self.norm(out[wp, wt].to(x.dtype)[None], z)
         return self.out_proj(out.reshape(1, N, -1)), {"mixed": mixed, "rule": (q, k, v, g, beta)}
 

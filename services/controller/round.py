@@ -251,6 +251,13 @@ class Round:
                                                   self.devices, self.dep["repeats"], self.dep["timeout"], b.update,
                                                   self.dep["warmup"], workers=self.workers)
             self.save()
+        if "power" not in self.state:  # what this design can accept at the noise just measured
+            noise = stats.gain([stats.PairedSample(**x) for x in self.state["baseline"]["samples"]])
+            self.state["power"] = stats.power_check(noise, "cpu" if self.stock["device"] == "cpu" else "gpu")
+            warning = stats.power_warning(self.state["power"])
+            if warning:
+                self.log(f"  {warning}")
+            self.save()
         inc = rec["incumbent"]
         for c in rec["candidates"]:
             if c["pruned"] or c["verdict"] or c["error"]:
@@ -433,7 +440,8 @@ class Round:
         for k in range(1, rounds + 1):
             self.run_round(k)
         final = self.final()
-        summary = {"deployment": self.dep, "rounds": self.state["rounds"], "final": final}
+        summary = {"deployment": self.dep, "rounds": self.state["rounds"], "final": final,
+                   "power": self.state.get("power")}
         self.emit("step", {"step": "report"})
         summary["report"] = self.planner.report(summary, str(self.dir / "report"))
         self.state["report"] = summary["report"]
@@ -461,5 +469,6 @@ def summary_json(summary: dict) -> dict:
         "speedup_over_stock": (final.get("speedup_over_stock") or {}).get("gain"),
         "speedup_over_ar": (final.get("speedup_over_ar") or {}).get("gain"),
         "final": final,
+        "power": summary.get("power"),
         "report": summary.get("report"),
     }

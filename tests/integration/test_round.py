@@ -16,8 +16,10 @@ from specpilot.bootstrap import find_repo
 from specpilot.demo import SHIPPED, micro_pair
 from specpilot.round_cli import EMBEDDED_RUN, demo_json
 from specpilot.services.controller.records import RecordState, Records
+from specpilot.services.controller import round as round_module
 from specpilot.services.controller.round import DeploymentError, Round, load_deployment
 from specpilot.services.memory_api.store import Store
+from specpilot.services.planner.agents import Candidate
 from specpilot.services.planner.command_agent import CommandAgent
 from specpilot.services.planner.local import LocalPlanner
 
@@ -82,6 +84,10 @@ def test_a_round_measures_proposes_judges_stores_and_reports(tmp_path):
     assert set(out) >= {"rounds", "speedup_over_stock", "report"}
     assert out["rounds"][0]["direction"] == rec["direction"]
     assert out["speedup_over_stock"] > 0 and out["speedup_over_ar"] > 0
+    # 2 repeats of 1 cell on shared CPU cores cannot accept a 10 % gain: the round says so
+    power = summary["power"]
+    assert out["power"] == power and (power["repeats"], power["cells"], power["device"]) == (2, 1, "cpu")
+    assert not power["meets_target"] and power["smallest_gain"] > power["target"] == 0.10
 
 
 def test_a_killed_run_resumes_without_measuring_again(tmp_path):
@@ -143,6 +149,46 @@ def test_a_command_agents_patch_is_built_and_judged_in_a_round(tmp_path):
             assert store.get(a["entry"].split("@")[0]).delta == cand["patch"]
     listed = subprocess.run(["git", "worktree", "list"], cwd=repo, capture_output=True, text=True).stdout
     assert "specpilot-" not in listed
+
+
+class Unslow:
+    """An agent whose one candidate drops the incumbent's planted slowdown (a configuration change
+    that instantiates the seed's draft-length entry): the same tokens, four times as fast."""
+
+    name = "unslow"
+
+    def propose(self, ctx):
+        return [Candidate("unslowed", "search", {"defect": None}, entry="draft-length@1", variant="on",
+                          rationale="the incumbent carries a planted slowdown")]
+
+
+@pytest.mark.timeout(900)
+def test_an_accepted_candidate_is_sealed_stored_and_becomes_the_incumbent(tmp_path, monkeypatch):
+    """Stock is slowed by a planted defect (every generation takes 3× as long), so the candidate
+    that drops it must be accepted: its sealed verdict, its memory entry and the next incumbent."""
+    slowed = round_module.stock_config
+    monkeypatch.setattr(round_module, "stock_config", lambda dep: {**slowed(dep), "defect": "slowdown:2"})
+    dep = load_deployment({**SMALL, "name": "micro-slowed", "repeats": 3})
+    summary = embedded_round(dep, tmp_path, agents=[Unslow()]).run(1)
+    rec = summary["rounds"][0]
+    (cand,) = rec["candidates"]
+    assert cand["error"] is None and cand["verdict"]["accepted"], cand["verdict"]
+    v = json.loads(Path(cand["verdict"]["path"]).read_text())
+    assert v["accepted"] and v["forcing"]["passed"] and not v["outputs_differ"]
+    assert v["candidate"]["config"]["defect"] is None and v["incumbent"]["config"]["defect"] == "slowdown:2"
+    assert v["lower_bound"] - 1 > v["threshold"] and v["gain"] > 2
+    (acc,) = rec["accepted"]
+    assert acc["candidate"] == "unslowed" and acc["verdict_id"] == cand["verdict"]["id"]
+    assert Path(cand["verdict"]["path"]).stem == acc["verdict_id"]
+    with Store(f"sqlite:///{tmp_path / 'memory.db'}") as store:
+        entry = store.get("draft-length")  # the latest version: the one this round stored
+        assert entry.key == acc["entry"] == "draft-length@2"
+        assert entry.evidence.verdict_id == acc["verdict_id"]
+        assert entry.evidence.gain == v["gain"] and entry.reuse_of == "draft-length@1"
+    nxt = rec["next_incumbent"]
+    assert nxt["label"] == "unslowed" and nxt["config"]["defect"] is None and nxt["entries"] == ["draft-length@2"]
+    assert summary["final"]["label"] == "unslowed"
+    assert summary["final"]["speedup_over_stock"]["gain"] > 2
 
 
 @pytest.mark.parametrize("bad, message", [

@@ -81,8 +81,8 @@ MUTATIONS = [
         "eager-tree-state",
         "(b) eager: the accepted tree path's recurrent state is replayed over its first two nodes only",
         "engine/gdn.py",
-        "_, states = gated_delta_rule(*(t[idx][None] for t in stash[\"rule\"]), h0)",
-        "_, states = gated_delta_rule(*(t[idx[:2]][None] for t in stash[\"rule\"]), h0)",
+        "_, h = gated_delta_rule(*(t[idx][None] for t in stash[\"rule\"]), h0, every_state=False)",
+        "_, h = gated_delta_rule(*(t[idx[:2]][None] for t in stash[\"rule\"]), h0, every_state=False)",
         tuple(DEEP)),
     Mutation(
         "eager-compaction",
@@ -174,8 +174,9 @@ def apply(root: Path, m: Mutation) -> None:
     path.write_text(text.replace(m.old, m.new))
 
 
-def run_tests(root: Path, tests: tuple[str, ...], seed: int, select: str | None, timeout: float) -> tuple[bool, str]:
-    """(passed, the first failing test or the error) of pytest in `root` under a Hypothesis seed."""
+def run_tests(root: Path, tests: tuple[str, ...], seed: int, select: str | None, timeout: float) -> tuple[str, str]:
+    """("passed" | "failed" | "timeout", the first failing test or the error) of pytest in `root`
+    under a Hypothesis seed. A run that times out proves nothing either way."""
     args = [sys.executable, "-c", BOOT, "-q", "-x", "-p", "no:cacheprovider", f"--hypothesis-seed={seed}",
             *tests]
     if select:
@@ -184,14 +185,14 @@ def run_tests(root: Path, tests: tuple[str, ...], seed: int, select: str | None,
     try:
         out = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return False, f"timed out after {timeout:.0f} s"
+        return "timeout", f"no result within {timeout:.0f} s (raise --timeout)"
     failed = [ln.split(" - ")[0].removeprefix("FAILED ") for ln in out.stdout.splitlines() if ln.startswith("FAILED")]
     if out.returncode == 0:
-        return True, ""
+        return "passed", ""
     if failed:
-        return False, failed[0]
-    return False, (out.stdout + out.stderr).strip().splitlines()[-1] if (out.stdout + out.stderr).strip() else \
-        f"pytest exited {out.returncode}"
+        return "failed", failed[0]
+    text = (out.stdout + out.stderr).strip()
+    return "failed", text.splitlines()[-1] if text else f"pytest exited {out.returncode}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         pristine = {m.file: (root / m.file).read_text() for m in chosen}
         if not a.no_baseline:
             tests = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
-            passed, why = run_tests(root, tests, a.seeds[0], None, a.timeout)
-            if not passed:
+            status, why = run_tests(root, tests, a.seeds[0], None, a.timeout)
+            if status != "passed":
                 print(f"error: the unmutated copy fails its tests ({why}); fix that first", file=sys.stderr)
                 return 1
         for m in chosen:
@@ -231,11 +232,14 @@ def main(argv: list[str] | None = None) -> int:
             row = {"mutation": m.name, "what": m.what, "seeds": {}}
             for seed in a.seeds:
                 t0 = time.monotonic()
-                passed, why = run_tests(root, m.tests, seed, select, a.timeout)
-                row["seeds"][seed] = {"caught": not passed, "by": why, "seconds": round(time.monotonic() - t0, 1)}
-                ok &= not passed
+                status, why = run_tests(root, m.tests, seed, select, a.timeout)
+                caught = status == "failed"
+                row["seeds"][seed] = {"caught": caught, "status": status, "by": why,
+                                      "seconds": round(time.monotonic() - t0, 1)}
+                ok &= caught
                 if not a.json:
-                    print(f"{m.name:22} seed {seed}: {'caught' if not passed else 'ESCAPED'}  {why}", flush=True)
+                    word = {"failed": "caught", "passed": "ESCAPED", "timeout": "TIMEOUT"}[status]
+                    print(f"{m.name:22} seed {seed}: {word}  {why}", flush=True)
             (root / m.file).write_text(pristine[m.file])
             results.append(row)
     finally:
@@ -247,8 +251,9 @@ def main(argv: list[str] | None = None) -> int:
         width = max(len(m["mutation"]) for m in results)
         print("\n" + " " * width + "  " + " ".join(f"{s:>2}" for s in a.seeds))
         for r in results:
-            print(f"{r['mutation']:{width}}  " + " ".join(" x" if r["seeds"][s]["caught"] else " -" for s in a.seeds))
-        print("x: caught (the tests failed), -: escaped")
+            marks = {"failed": " x", "passed": " -", "timeout": " ?"}
+            print(f"{r['mutation']:{width}}  " + " ".join(marks[r["seeds"][s]["status"]] for s in a.seeds))
+        print("x: caught (the tests failed), -: escaped (the tests passed), ?: timed out (counts as not caught)")
     return 0 if ok else 1
 
 

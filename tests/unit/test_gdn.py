@@ -25,6 +25,8 @@ def test_chunked_equals_recurrent(T, chunk, heads, seed, start_state):
     o2, last = chunked_gated_delta_rule(q, k, v, g, beta, h, chunk)
     torch.testing.assert_close(o2, o1, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(last, states[:, -1], rtol=1e-10, atol=1e-10)
+    o3, final = gated_delta_rule(q, k, v, g, beta, h, every_state=False)  # one state in flight
+    assert torch.equal(o3, o1) and torch.equal(final, states[:, -1])
 
 
 def test_chunked_form_is_differentiable_like_the_recurrence():

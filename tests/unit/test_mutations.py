@@ -17,6 +17,7 @@ SCRIPT = REPO / "tests" / "mutations" / "run.py"
 def load():
     spec = importlib.util.spec_from_file_location("mutations_run", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up
     spec.loader.exec_module(mod)
     return mod
 
