@@ -412,8 +412,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run a command; bad input is one line on stderr (under --json one {"error": ...} object on stdout)
     and exit status 2, never a traceback."""
-    from specpilot.engine.checkpoint import CheckpointError
-
     argv = sys.argv[1:] if argv is None else list(argv)
     json_out = "--json" in argv
     try:
@@ -427,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
-    except (CheckpointError, ValueError, RuntimeError, LookupError, OSError, TimeoutError) as e:
+    except (ValueError, RuntimeError, LookupError, OSError, TimeoutError) as e:  # CheckpointError is a ValueError
         if isinstance(e, KeyError) and e.args:
             msg = e.args[0]
         elif isinstance(e, OSError) and e.filename and e.strerror:
