@@ -241,6 +241,9 @@ def check_system(target, drafter: str | None = None, force_drafter: bool = False
     that does not fit its target, and — unless `force_drafter` — a drafter trained for another target
     (its zoo manifest names another one) or one whose vocabulary differs from the target's."""
     tcfg = check_model(target)
+    from .engine import load_tokenizer
+
+    load_tokenizer(target)  # a tokenizer.json that cannot be read is refused here, not in a worker
     if not drafter or drafter == "ngram" or drafter.startswith("ngram:"):
         if drafter and drafter.startswith("ngram:"):
             n = drafter.split(":", 1)[1]

@@ -82,10 +82,10 @@ def check_engine_flags(args) -> None:
     check_system(args.target, args.drafter if args.mode != "ar" else None, args.force_drafter)
     if args.mode != "ar" and args.drafter and not args.drafter.startswith("ngram"):
         d = read_config(args.drafter)
-        if d.get("drafter_kind") in ("block", "block_markov") and args.draft_len > d["block_size"]:
+        block = d.get("block_size", 16)
+        if d.get("drafter_kind") in ("block", "block_markov") and args.draft_len > block:
             raise ValueError(f"--draft-len {args.draft_len}: the {d['drafter_kind']} drafter {args.drafter} drafts at "
-                             f"most block_size = {d['block_size']} positions per pass; give --draft-len "
-                             f"{d['block_size']} or less")
+                             f"most block_size = {block} positions per pass; give --draft-len {block} or less")
     tree = args.tree if args.mode == "tree" else None
     if tree:
         from specpilot.engine.trees import parse_policy

@@ -216,3 +216,13 @@ def test_round_help_shows_the_defaults(capsys):
     assert "(default: 1)" in text  # --rounds
     for field in ('repeats=6', 'prompts=3', 'max_new_tokens=48', 'budgets=["chain"'):
         assert field in text, field
+
+
+def test_an_unreadable_tokenizer_is_refused_before_work(pair, tmp_path, capsys):
+    bad = tmp_path / "t"
+    shutil.copytree(pair / "target", bad)
+    (bad / "tokenizer.json").write_text("{broken")
+    for argv in (["generate", "--target", str(bad), "--mode", "ar", "--prompt", "x"],
+                 ["costmodel", "--target", str(bad), "--drafter", "ngram"]):
+        msg = one_line_error(capsys, argv)
+        assert "tokenizer.json" in msg, (argv, msg)
