@@ -108,7 +108,7 @@ def test_unusable_store_urls(pair, tmp_path, capsys, url, says):
     dep = tmp_path / "dep.json"
     dep.write_text(json.dumps({"name": "x", "target": str(pair / "target"), "drafter": str(pair / "drafter"),
                                "workload": str(pair / "w.jsonl")}))
-    for argv in (["memory", "--store", url, "list"],
+    for argv in (["memory", "--store", url, "list"], ["memory", "show", "x", "--store", url],
                  ["round", "--deployment", str(dep), "--store", url, "--run-dir", str(tmp_path / "run")],
                  ["serve", "memory-api", "--store", url],
                  ["serve", "controller", "--store", url]):
