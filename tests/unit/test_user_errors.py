@@ -129,6 +129,9 @@ def test_deployments_and_workloads_naming_what_does_not_exist(pair, tmp_path, ca
              ({"budgets": ["bushy:3"]}, "budgets"), ({"devices": "tpu:0"}, "tpu"), ({"prompts": "3"}, "prompts"),
              ({"drafters": {"block_markov": str(pair / "drafter")}}, "is a block drafter"),
              ({"drafters": {"warp": str(pair / "drafter")}}, "unknown drafter kind"), ({"agent": "x"}, "agent")]
+    big = tmp_path / "big.jsonl"
+    big.write_text(json.dumps({"id": "a", "prompt_ids": [1, 500]}) + "\n")
+    cases += [({"workload": str(big)}, "prompt id 500"), ({"workload": "humaneval"}, "no tokenizer.json")]
     for extra, named in cases:
         dep = tmp_path / "dep.json"
         dep.write_text(json.dumps({**base, **extra}))
