@@ -238,11 +238,13 @@ def cmd_pair(args) -> int:
             raise ValueError(f"{path}: not a system config ({one_line(e)}); write a JSON object of EngineConfig "
                              f"fields, e.g. {example}") from None
         try:
-            check_system(cfg["target"], cfg.get("drafter") if cfg.get("mode", "chain") != "ar" else None,
-                         args.force_drafter)
+            vocab[cfg["target"]] = check_system(cfg["target"], cfg.get("drafter") if cfg.get("mode", "chain") != "ar"
+                                                else None, args.force_drafter).vocab_size
         except ValueError as e:
             raise ValueError(f"{path}: {e}") from None
         return cfg
+
+    vocab: dict[str, int] = {}
 
     if args.repeats < 2:
         raise ValueError(f"--repeats {args.repeats}: expected 2 or more (the bound is a t-interval over repeats)")
@@ -252,6 +254,15 @@ def cmd_pair(args) -> int:
     stock = config(args.stock) if args.stock else {**inc, "mode": "chain"}
     reqs = [{k: v for k, v in {"id": r.id, "prompt": r.prompt, "prompt_ids": list(r.prompt_ids) if r.prompt_ids
              else None, "max_new_tokens": r.max_new_tokens}.items() if v is not None} for r in read_requests(args.workload)]
+    for r in reqs:
+        for target, size in vocab.items():
+            bad = [t for t in r.get("prompt_ids", []) if t >= size]
+            if bad:
+                raise ValueError(f"{args.workload}: request {r['id']!r} has prompt id {bad[0]}, outside the vocabulary "
+                                 f"of {target} (size {size})")
+            if "prompt" in r and not (Path(target) / "tokenizer.json").is_file():
+                raise ValueError(f"{args.workload}: request {r['id']!r} is text, but {target} has no tokenizer.json; "
+                                 "give prompt_ids")
     devices = device_list(args.devices)
     steps = 2 * args.repeats * (2 if len(devices) == 1 else 1)
     with progress_bar(2 * steps, "paired runs", "step", disable=args.json) as bar:
