@@ -4,11 +4,12 @@ fallback and benchmarks (decode speed does not depend on weight values)."""
 from __future__ import annotations
 
 import copy
+import random
 
 import torch
 
 from .config import ModelConfig
-from .drafters import DraftConfig, FeatureDrafterNet
+from .drafters import TOP_K, DraftConfig, Drafter, FeatureDrafterNet, Lattice
 from .model import Model
 
 FAMILIES = ("llama", "qwen3", "sliding", "hybrid")
@@ -91,3 +92,63 @@ def drafter_config(kind: str, target: ModelConfig, layers: int = 1, block: int =
 def random_drafter_net(kind: str, target: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32,
                        **kw) -> FeatureDrafterNet:
     return randomize(FeatureDrafterNet(drafter_config(kind, target, **kw)), seed).to(dtype).eval()
+
+
+class NoisyOracle(Drafter):
+    """A host drafter for losslessness tests that reaches deep into accepted paths: it knows the
+    target's greedy continuation and proposes it with noise.
+
+    At every drafted position the top-1 candidate is the continuation's token, except with
+    probability `p`: then a random wrong token leads and the true one sits at a random lower rank
+    or is missing. The top-1's log-probability is confident (about -0.05, the others -4 and
+    below), so best-first, top-k and Sequoia trees spend their nodes along the top-1 chain and go
+    as deep as the draft length allows. With `markov` the lattice carries random parent → child
+    transitions (each child's own score plus Gaussian noise), which exercises the trees' Markov
+    scoring. `continuation` must run past the tokens a run generates by the draft length (the
+    static driver drafts its full length even at the token limit); past its end the drafter
+    proposes random tokens.
+
+    Every proposal draws from one seeded generator, so a run is reproducible as long as the
+    driver makes the same observe / propose calls."""
+
+    kind = "noisy_oracle"
+
+    def __init__(self, continuation: list[int], prompt_len: int, p: float, seed: int = 0, vocab: int = 97,
+                 k: int = 4, markov: bool = False):
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"NoisyOracle: p = {p}; expected a probability in [0, 1]")
+        if not 2 <= k <= min(TOP_K, vocab):
+            raise ValueError(f"NoisyOracle: k = {k}; expected 2 ≤ k ≤ min({TOP_K}, vocab)")
+        self.cont, self.prompt_len, self.p, self.seed = list(continuation), prompt_len, p, seed
+        self.vocab, self.k, self.markov = vocab, k, markov
+        self.reset(0)
+
+    def reset(self, max_len: int) -> None:
+        self.seen = 0  # tokens committed to the target's cache so far
+        self.rng = random.Random(self.seed)
+        self.gen = torch.Generator().manual_seed(self.seed)
+
+    def observe(self, committed, next_tokens, feats=None) -> None:
+        self.seen += len(committed)
+
+    def propose(self, m: int) -> Lattice:
+        if m <= 0:
+            return Lattice.empty()
+        rng, k = self.rng, self.k
+        at = self.seen - self.prompt_len + 1  # the continuation's index of the first drafted token
+        tokens = torch.full((m, TOP_K), -1, dtype=torch.long)
+        logp = torch.full((m, TOP_K), float("-inf"), dtype=torch.float64)
+        for i in range(m):
+            j = at + i
+            true = self.cont[j] if 0 <= j < len(self.cont) else rng.randrange(self.vocab)
+            others = [t for t in rng.sample(range(self.vocab), k + 1) if t != true][: k - 1]
+            rank = rng.randrange(1, k + 1) if rng.random() < self.p else 0  # rank k: missing
+            row = (others[:rank] + [true] + others[rank:])[:k]
+            tokens[i, :k] = torch.tensor(row)
+            logp[i, :k] = torch.tensor([-0.05] + [-4.0 - r - rng.random() for r in range(k - 1)],
+                                       dtype=torch.float64)
+        trans = None
+        if self.markov and m > 1:
+            noise = torch.randn(m - 1, TOP_K, TOP_K, generator=self.gen, dtype=torch.float64)
+            trans = logp[1:, None, :] + noise  # missing children stay at -inf
+        return Lattice(tokens, logp, trans)

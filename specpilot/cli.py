@@ -285,10 +285,11 @@ def cmd_pair(args) -> int:
 def cmd_selftest(args) -> int:
     from specpilot.selftest import run_selftest
 
-    if args.trials < 1 or args.real_runs < 0:
-        raise ValueError(f"--trials {args.trials} / --real-runs {args.real_runs}: expected --trials 1 or more and "
-                         "--real-runs 0 or more")
-    out = run_selftest(trials=args.trials, progress=not args.json, real_runs=args.real_runs)
+    if args.trials < 1 or args.real_runs < 0 or args.repeats < 2:
+        raise ValueError(f"--trials {args.trials} / --real-runs {args.real_runs} / --repeats {args.repeats}: expected "
+                         "--trials 1 or more, --real-runs 0 or more and --repeats 2 or more (a verdict's bound needs 2)")
+    out = run_selftest(trials=args.trials, progress=not args.json, real_runs=args.real_runs,
+                       design=(args.repeats, 1))
     if args.json:
         print(json.dumps(out))
         return 0
@@ -296,9 +297,16 @@ def cmd_selftest(args) -> int:
     print(f"  planted logit bias rejected in {out['defect_rejected']} of {out['defect_trials']} trials that flip "
           f"≥ 1 % of tokens ({out['defect_trials_below_1pct_flips']} trials flipped less)")
     print(f"  a bias that flips no argmax passes: {out['no_flip_bias_passed']}")
-    print(f"paired runs ({out['paired_runs']}): A/A accepted {out['aa_accepted']}/{out['aa_trials']}, "
+    ref, d = out["reference_design"], out["deployment_design"]
+    print(f"paired runs ({out['paired_runs']}), reference design {ref['repeats']} repeats × {ref['cells']} cells at "
+          f"noise cv {ref['noise_cv']:.0%}: A/A accepted {out['aa_accepted']}/{out['aa_trials']}, "
           f"3 % slowdown accepted {out['slowdown_accepted']}/{out['slowdown_trials']}, 12 % speedup accepted "
           f"{out['speedup_accepted']}/{out['speedup_trials']}, label swap inverts the gain: {out['swap_inverts']}")
+    print(f"  at this deployment's design, {d['repeats']} repeats × {d['cells']} cell, noise cv {d['noise_cv']:.1%} "
+          f"({d['noise_source']}): A/A accepted {d['aa_accepted']}/{d['trials']}, 3 % slowdown "
+          f"{d['slowdown_accepted']}/{d['trials']}, 12 % speedup {d['speedup_accepted']}/{d['trials']}; smallest "
+          f"gain accepted about half the time {d['smallest_gain']:.1%} (CPU target {d['target']:.0%}"
+          + (")" if d["meets_target"] else f": not met, {d['repeats_for_target'] or 'no number of'} repeats would)"))
     if args.real_runs:
         print(f"real paired runs (2 cores): A/A accepted {out['real_aa_accepted']}/{out['real_aa_runs']}, "
               f"3 % slowdown accepted: {out['real_slowdown_accepted']}, "
@@ -399,6 +407,8 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("selftest", help="the controller's self-tests: planted defects, A/A, slowdown, swap")
     st.add_argument("--trials", type=int, default=20, metavar="N", help="planted logit-bias trials (default 20)")
     st.add_argument("--real-runs", type=int, default=5, metavar="N", help="real A/A paired runs (default 5)")
+    st.add_argument("--repeats", type=int, default=6, metavar="N",
+                    help="the deployment's repeats: its power is reported at N repeats × 1 cell (default 6, a round's)")
     st.add_argument("--json", action="store_true", help="print one JSON object")
     st.set_defaults(func=cmd_selftest)
 

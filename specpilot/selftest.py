@@ -5,12 +5,15 @@ lossless mechanism (stock chain, a best-first tree, AR) must pass; a planted log
 at least 1 % of the tokens must be rejected; a bias too small to flip any argmax must pass.
 Paired-run statistics, on simulated measurements with this machine's CPU noise
 (`services/controller/stats.selftest`): stock against stock (A/A), a silent 3 % slowdown, a 12 %
-speedup, and the label swap that must invert the gain; then real paired runs on the two cores:
+speedup, and the label swap that must invert the gain, at a reference design (14 repeats × 4
+cells) and again at the deployment's own (a round's repeats × 1 cell) with the noise the real runs
+measured — with the smallest gain that design accepts; then real paired runs on the two cores:
 A/A, the planted slowdown, and AR (faster than the chain on CPU micro models) against stock.
 """
 
 from __future__ import annotations
 
+import math
 import random
 
 from specpilot.progress import progress_bar, progress_iter
@@ -33,21 +36,44 @@ def real_pairs(target, drafter, real_runs: int, repeats: int, progress) -> dict:
     reqs = [{"id": r.id, "prompt": r.prompt} for r in stdlib_completion(limit=4)]
     bar = progress_bar(real_runs + 2, "real paired runs", "run", disable=not progress, leave=False)
 
-    def accepted(candidate):
-        ok = judge(system(candidate), system(stock), system(stock), reqs, ["cpu:0", "cpu:1"], repeats,
-                   workers=LocalWorkers())["accepted"]
-        bar.update(1)
-        return ok
+    aa_noise = []
 
-    out = {"real_aa_accepted": sum(accepted(stock) for _ in range(real_runs)), "real_aa_runs": real_runs,
+    def accepted(candidate, aa=False):
+        rec = judge(system(candidate), system(stock), system(stock), reqs, ["cpu:0", "cpu:1"], repeats,
+                    workers=LocalWorkers())
+        if aa:  # this machine's per-run noise, as stock against itself shows it
+            aa_noise.append(stats.noise_cv(stats.gain([stats.PairedSample(**x) for x in rec["samples"]])))
+        bar.update(1)
+        return rec["accepted"]
+
+    out = {"real_aa_accepted": sum(accepted(stock, aa=True) for _ in range(real_runs)), "real_aa_runs": real_runs,
            "real_slowdown_accepted": accepted({**stock, "defect": "slowdown:0.03"}),
-           "real_speedup_accepted": accepted({**stock, "mode": "ar"})}
+           "real_speedup_accepted": accepted({**stock, "mode": "ar"}),
+           "real_noise_cv": math.sqrt(sum(c * c for c in aa_noise) / len(aa_noise)) if aa_noise else None}
     bar.close()
     return out
 
 
+def design_power(repeats: int, cells: int, noise_cv: float, device: str = "cpu", trials: int = 200,
+                 seed: int = 0) -> dict:
+    """The paired-run rule at a deployment's own design (its repeats × cells) and noise: how often the
+    simulated A/A, 3 % slowdown and 12 % speedup are accepted, and the smallest gain it accepts
+    about half the time against the device kind's target (stats.POWER_TARGET)."""
+    sim = stats.selftest(trials=trials, seed=seed, repeats=repeats, cells=cells, noise_cv=noise_cv)
+    sd = math.sqrt(math.log1p(noise_cv * noise_cv) / cells)  # per-repeat sd of the log ratio (stats.noise_cv)
+    smallest = stats.smallest_acceptable_gain(sd, repeats) - 1.0
+    target = stats.POWER_TARGET[device]
+    return {"repeats": repeats, "cells": cells, "noise_cv": noise_cv, "trials": trials,
+            "aa_accepted": sim["aa_accepted"], "slowdown_accepted": sim["slowdown_accepted"],
+            "speedup_accepted": sim["speedup_accepted"], "smallest_gain": smallest, "target": target,
+            "meets_target": smallest <= target, "repeats_for_target": stats.repeats_for(target, sd)}
+
+
 def run_selftest(trials: int = 20, prompts: int = 8, new_tokens: int = 32, seed: int = 0, progress=True,
-                 real_runs: int = 5, repeats: int = 6) -> dict:
+                 real_runs: int = 5, repeats: int = 6, design: tuple[int, int] = (6, 1)) -> dict:
+    """`design`: the deployment's (repeats, cells) — a round times one cell, with the deployment's
+    repeats (6 by default). Its power is simulated at the noise the real A/A runs measured (at
+    stats.SELFTEST_NOISE_CV when no real runs are made)."""
     target, drafter, trained = micro_pair()
     if not trained:
         raise ValueError("selftest needs the shipped micro checkpoints (zoo/checkpoints/micro); "
@@ -81,6 +107,10 @@ def run_selftest(trials: int = 20, prompts: int = 8, new_tokens: int = 32, seed:
     tiny = check_forcing(outputs("ar", defect=f"logit_bias:{rng.randrange(2, vocab)}:1e-7"), stock, scorer, delta)
 
     sim = stats.selftest(trials=200, seed=seed)
+    real = real_pairs(target, drafter, real_runs, repeats, progress) if real_runs else {}
+    noise = real.get("real_noise_cv") or stats.SELFTEST_NOISE_CV
+    at_design = {**design_power(*design, noise, seed=seed),
+                 "noise_source": "measured by the real A/A runs" if real.get("real_noise_cv") else "assumed"}
     return {
         "delta": delta,
         "lossless_passed": lossless,
@@ -94,5 +124,7 @@ def run_selftest(trials: int = 20, prompts: int = 8, new_tokens: int = 32, seed:
         "speedup_accepted": sim["speedup_accepted"], "speedup_trials": sim["speedup_trials"],
         "swap_inverts": sim["swap_inverts"],
         "paired_runs": f"{sim['aa_trials']} simulated trials per case (stats.simulate, CPU noise) + real runs",
-        **(real_pairs(target, drafter, real_runs, repeats, progress) if real_runs else {}),
+        "reference_design": {"repeats": sim["repeats"], "cells": sim["cells"], "noise_cv": sim["noise_cv"]},
+        "deployment_design": at_design,
+        **real,
     }

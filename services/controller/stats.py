@@ -46,6 +46,11 @@ SELFTEST_CELLS = 4
 SELFTEST_NOISE_CV = 0.07
 SELFTEST_DEVICE_SKEW = 0.3
 BOOTSTRAP_RESAMPLES = 2000
+#: The smallest gain a round should be able to accept (as a fraction): rounds warn, naming the
+#: repeats that would reach it, when their design and measured noise cannot. On a GPU timing noise
+#: is well under 1 %, so 5 % is reachable with a few repeats; shared CPU cores are noisier (several
+#: percent per run), so the CPU target is 10 %.
+POWER_TARGET = {"gpu": 0.05, "cpu": 0.10}
 
 
 class Cell(NamedTuple):
@@ -388,6 +393,74 @@ def decide(
         reasons.append("warning: the bootstrap cross-check would decide the other way")
     reasons.append("accepted" if accepted else "rejected")
     return Decision(accepted, threshold, tuple(reasons), noise)
+
+
+# ---------------------------------------------------------------------------------------------
+# Power: the smallest gain a design can accept
+
+
+def per_repeat_sd(est: GainEstimate) -> float:
+    """The sample standard deviation of an estimate's per-repeat log ratios."""
+    return float(np.std(est.per_repeat, ddof=1))
+
+
+def noise_cv(est: GainEstimate) -> float:
+    """The per-run coefficient of variation of throughput that stock against itself implies.
+
+    A per-repeat value averages, over c cells, the mean of two slots' log ratios; each log ratio is
+    the difference of two independent runs' log noise (variance 2σ²), so a per-repeat value has
+    variance σ²/c: σ = sd · √c, and lognormal noise of log-sd σ has cv √(e^{σ²} − 1)."""
+    sigma = per_repeat_sd(est) * math.sqrt(len(est.cells))
+    return math.sqrt(math.expm1(sigma * sigma))
+
+
+def smallest_acceptable_gain(sd: float, repeats: int, settings: Settings = Settings()) -> float:
+    """The true gain the rule accepts about half the time, at `repeats` repeats and per-repeat
+    log-ratio standard deviation `sd` (stock noise measured the same way).
+
+    With the estimate at the truth g, the lower bound is g · e^{−t·se} (se = sd/√n, t the
+    one-sided t quantile at n − 1 degrees of freedom) and the bar 1 + min_gain + k × stock noise,
+    where stock noise is its expectation for an A/A comparison of the same design: E|ĝ − 1| ≈
+    √(2/π) · se plus the half-width 1 − e^{−t·se}. Solving g · e^{−t·se} = the bar gives g."""
+    if repeats < 2 or not sd >= 0:
+        raise ValueError(f"need repeats ≥ 2 and sd ≥ 0, got repeats {repeats}, sd {sd}")
+    se = sd / math.sqrt(repeats)
+    tq = t_quantile(settings.confidence, repeats - 1)
+    noise = math.sqrt(2.0 / math.pi) * se - math.expm1(-tq * se)
+    return (1.0 + settings.min_gain + settings.noise_multiplier * noise) * math.exp(tq * se)
+
+
+def repeats_for(target: float, sd: float, settings: Settings = Settings(), most: int = 200) -> int | None:
+    """The fewest repeats at which the smallest acceptable gain is at most 1 + target (None: not
+    within `most` — the bar's 1 % floor or the noise keeps it above)."""
+    for n in range(2, most + 1):
+        if smallest_acceptable_gain(sd, n, settings) <= 1.0 + target:
+            return n
+    return None
+
+
+def power_check(stock: GainEstimate, device: str, settings: Settings = Settings()) -> dict:
+    """What a design can accept, from stock measured against itself with it: the smallest gain it
+    accepts about half the time, the target for the device kind ("gpu" or "cpu"), whether it is
+    met, and the repeats that would meet it."""
+    if device not in POWER_TARGET:
+        raise ValueError(f"device kind {device!r}: expected one of {tuple(POWER_TARGET)}")
+    sd, target = per_repeat_sd(stock), POWER_TARGET[device]
+    smallest = smallest_acceptable_gain(sd, stock.repeats, settings) - 1.0
+    return {"repeats": stock.repeats, "cells": len(stock.cells), "per_repeat_sd": sd, "noise_cv": noise_cv(stock),
+            "smallest_gain": smallest, "target": target, "device": device, "meets_target": smallest <= target,
+            "repeats_for_target": repeats_for(target, sd, settings)}
+
+
+def power_warning(check: dict) -> str | None:
+    """A `power_check` that misses its target, as a warning naming what to change (None if met)."""
+    if check["meets_target"]:
+        return None
+    need = check["repeats_for_target"]
+    fix = f"set the deployment's repeats to {need}" if need else "no repeat count reaches it: make the timing quieter"
+    return (f"warning: with {check['repeats']} repeats × {check['cells']} cell(s) and this noise (per-run cv "
+            f"{check['noise_cv']:.1%}) the smallest gain a verdict accepts is about {check['smallest_gain']:.1%}, "
+            f"above the {check['device']} target of {check['target']:.0%}; {fix}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from specpilot.services.controller import stats
+
 from specpilot.demo import micro_pair
 from specpilot.devices import device_list
 from specpilot.services.controller import pairing
@@ -29,6 +31,23 @@ def test_stock_against_stock_is_not_accepted_and_the_verdict_is_sealed(tmp_path)
     assert json.loads(path.read_text())["samples"] == rec["samples"]
     with pytest.raises(FileExistsError):
         pairing.write_verdict(rec, tmp_path)  # never rewritten
+
+
+def test_a_candidate_faster_than_a_slowed_incumbent_is_accepted_by_the_rule_on_its_samples():
+    """The incumbent is stock slowed by a planted defect (every generation takes 4× as long, the
+    same tokens); the candidate is stock. Acceptance is certain; the verdict's figures are what
+    the statistics give on its own raw samples."""
+    slowed = {**STOCK, "defect": "slowdown:3"}
+    rec = pairing.judge(system(STOCK), system(slowed), system(STOCK), REQS, ["cpu:0", "cpu:1"], repeats=3,
+                        workers=LOCAL)
+    assert rec["accepted"], rec["reasons"]
+    assert rec["forcing"]["passed"] and not rec["outputs_differ"] and rec["outputs_deterministic"]
+    assert all(s["candidate_tps"] > 2 * s["incumbent_tps"] for s in rec["samples"])
+    est = stats.gain([stats.PairedSample(**s) for s in rec["samples"]])
+    noise = stats.gain([stats.PairedSample(**s) for s in rec["stock_samples"]])
+    d = stats.decide(est, noise, outputs_differ=False)
+    assert (est.gain, est.lower, d.threshold, d.accepted) == (rec["gain"], rec["lower_bound"], rec["threshold"], True)
+    assert rec["lower_bound"] - 1 > rec["threshold"] and "accepted" in rec["reasons"]
 
 
 def test_one_device_interleaves_abba():

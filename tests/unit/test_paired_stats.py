@@ -188,6 +188,80 @@ def test_t_quantile_matches_tables():
     assert stats.t_quantile(0.05, 9) == pytest.approx(-1.833112932653, rel=1e-9)
 
 
+# --- against independent references -----------------------------------------------------------
+# Fixed samples whose per-repeat log ratios are known exactly; the expected bounds are worked by
+# hand (below) and by scipy.stats, which shares no code with stats.py's arithmetic.
+#
+# CAND: per-repeat log ratios d = 0.10, 0.05, 0.12, 0.08, 0.07 (n = 5).
+#   mean 0.084; squared deviations 0.000256 + 0.001156 + 0.001296 + 0.000016 + 0.000196 = 0.00292
+#   sample sd = √(0.00292 / 4) = 0.0270185; se = sd / √5 = 0.0120830; t(0.95, 4) = 2.1318468
+#   lower = exp(0.084 − 2.1318468 · 0.0120830) = exp(0.0582408) = 1.0599702
+# STOCK (A/A): d = 0.01, −0.01, 0.00, 0.02, −0.02: mean 0, sample sd = √(0.001 / 4) = 0.0158114,
+#   se = 0.0070711, lower = exp(−0.0150744) = 0.9850386; stock noise = |1 − 1| + (1 − 0.9850386)
+#   = 0.0149614; bar = 0.01 + 2 · 0.0149614 = 0.0399228.
+CAND_D = [0.10, 0.05, 0.12, 0.08, 0.07]
+STOCK_D = [0.01, -0.01, 0.00, 0.02, -0.02]
+
+
+def _fixed(per_repeat: list[float], cells=CELLS[:2]) -> list[PairedSample]:
+    """Samples whose per-repeat value (mean over cells of the slot-averaged log ratio) is exactly
+    per_repeat[r]: the slots and the cells differ, their averages do not."""
+    out = []
+    for r, d in enumerate(per_repeat):
+        for j, c in enumerate(cells):
+            shift = 0.03 * (1 if j == 0 else -1)  # cells off the repeat's value by ±0.03
+            for slot, skew in ((0, 0.2), (1, -0.2)):  # a device effect that the swap cancels
+                out.append(PairedSample(c.workload, c.batch, slot, 300.0 * math.exp(d + shift + skew), 300.0, r))
+    return out
+
+
+def test_lower_bound_matches_the_hand_computation_and_scipy():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    est = gain(_fixed(CAND_D))
+    assert est.per_repeat == pytest.approx(CAND_D, abs=1e-12)
+    assert est.gain == pytest.approx(math.exp(0.084), rel=1e-12)
+    assert est.std_err == pytest.approx(0.0120830, abs=1e-7)
+    assert est.t_quantile == pytest.approx(2.1318468, abs=1e-7)
+    assert est.lower == pytest.approx(1.0599702, abs=1e-7)
+    ref = scipy_stats.ttest_1samp(CAND_D, 0.0, alternative="greater").confidence_interval(0.95).low
+    assert math.log(est.lower) == pytest.approx(ref, rel=1e-10)
+    for conf in (0.9, 0.99):
+        ref = scipy_stats.ttest_1samp(CAND_D, 0.0, alternative="greater").confidence_interval(conf).low
+        assert math.log(gain(_fixed(CAND_D), confidence=conf).lower) == pytest.approx(ref, rel=1e-10)
+
+
+def test_bootstrap_bound_matches_the_exact_bootstrap_distribution_and_scipy():
+    """n = 5 repeats: all 5⁵ equally likely resamples can be enumerated, so the percentile
+    bootstrap's 5 % quantile is known exactly (0.066: hand-checkable, the 157th of 3125 sorted
+    resample means); the seeded Monte Carlo bound and scipy's must land on it."""
+    scipy_stats = pytest.importorskip("scipy.stats")
+    from itertools import product
+
+    means = sorted(sum(c) / 5 for c in product(CAND_D, repeat=5))
+    exact = float(np.quantile(means, 0.05))
+    assert exact == pytest.approx(0.066, abs=1e-12)
+    est = gain(_fixed(CAND_D), bootstrap_resamples=20_000, seed=1)
+    assert math.log(est.lower_bootstrap) == pytest.approx(exact, abs=0.002)
+    ref = scipy_stats.bootstrap((np.array(CAND_D),), np.mean, confidence_level=0.95, alternative="greater",
+                                method="percentile", n_resamples=20_000, random_state=0).confidence_interval.low
+    assert math.log(est.lower_bootstrap) == pytest.approx(ref, abs=0.002)
+
+
+def test_decision_matches_the_hand_computation():
+    cand, stock = gain(_fixed(CAND_D)), gain(_fixed(STOCK_D))
+    assert stock.gain == pytest.approx(1.0, abs=1e-12)
+    assert stock.lower == pytest.approx(0.9850386, abs=1e-7)
+    d = decide(cand, stock, outputs_differ=False)
+    assert d.stock_noise == pytest.approx(0.0149614, abs=1e-7)
+    assert d.threshold == pytest.approx(0.0399228, abs=1e-7)
+    assert d.accepted  # 0.0599702 > 0.0399228
+    assert decide(cand, stock, outputs_differ=True).accepted  # and ≥ 0.03
+    # a bar of 1 % + 4 × noise = 0.0698456 is above the bound: rejected
+    assert not decide(cand, stock, False, Settings(noise_multiplier=4.0)).accepted
+    # the same spread around a smaller gain: d − 0.04 has lower bound exp(0.0182408) − 1 < the bar
+    assert not decide(gain(_fixed([x - 0.04 for x in CAND_D])), stock, False).accepted
+
+
 # --- decide -----------------------------------------------------------------------------------
 
 
@@ -300,3 +374,59 @@ def test_swapping_labels_inverts_the_gain_exactly(samples):
     upper = math.exp(ab.log_gain + ab.t_quantile * ab.std_err)
     assert ba.lower * upper == pytest.approx(1.0, rel=1e-9)
     assert swapped(swapped(samples)) == samples
+
+
+# --- power ------------------------------------------------------------------------------------
+
+
+def _acceptance(true_gain: float, cv: float, repeats: int, cells: int, trials: int = 200) -> float:
+    """How often the whole rule (stock noise measured the same way) accepts a true gain, simulated."""
+    rng, accepted = np.random.default_rng(11), 0
+    for _ in range(trials):
+        a, b = (int(x) for x in rng.integers(0, 2**62, 2))
+        stock = gain(simulate(1.0, cv, 0.1, repeats, cells, a), bootstrap_resamples=10)
+        cand = gain(simulate(true_gain, cv, 0.1, repeats, cells, b), bootstrap_resamples=10)
+        accepted += decide(cand, stock, False).accepted
+    return accepted / trials
+
+
+@pytest.mark.parametrize("cv, repeats, cells", [(0.07, 6, 1), (0.07, 14, 4), (0.02, 4, 1)])
+def test_smallest_acceptable_gain_is_where_the_simulated_rule_accepts_half_the_time(cv, repeats, cells):
+    """The closed form against the real rule on simulated runs: about half accepted at the smallest
+    acceptable gain, nearly all at twice its margin, nearly none at half of it."""
+    sd = math.sqrt(math.log1p(cv * cv)) / math.sqrt(cells)  # per-repeat sd of the log ratio (see noise_cv)
+    g = stats.smallest_acceptable_gain(sd, repeats)
+    assert 0.3 <= _acceptance(g, cv, repeats, cells) <= 0.75
+    assert _acceptance(1 + 2 * (g - 1), cv, repeats, cells) >= 0.95
+    assert _acceptance(1 + (g - 1) / 2, cv, repeats, cells) <= 0.1
+
+
+def test_the_rounds_design_on_cpu_noise_cannot_accept_a_12_percent_gain():
+    """6 repeats × 1 cell at 7 % per-run noise: the smallest acceptable gain is about 24 %, so a
+    12 % gain is rarely accepted (the reference design, 14 × 4, accepts it almost always)."""
+    sd = math.sqrt(math.log1p(0.07**2))
+    assert 0.2 < stats.smallest_acceptable_gain(sd, 6) - 1 < 0.3
+    assert stats.smallest_acceptable_gain(sd / 2, 14) - 1 < 0.1
+    assert _acceptance(1.12, 0.07, 6, 1) < 0.1
+
+
+def test_noise_cv_recovers_the_simulated_noise():
+    for cv, cells in ((0.07, 1), (0.03, 4)):
+        est = gain(simulate(1.0, cv, 0.2, 400, cells, seed=3), bootstrap_resamples=10)
+        assert stats.noise_cv(est) == pytest.approx(cv, rel=0.1)
+
+
+def test_power_check_names_the_repeats_that_reach_the_target():
+    quiet = gain(_fixed([0.002, -0.002, 0.001, -0.001, 0.0]))
+    ok = stats.power_check(quiet, "gpu")
+    assert ok["meets_target"] and ok["smallest_gain"] < 0.05 and ok["repeats_for_target"] <= 5
+    loud = gain(_fixed(STOCK_D))  # per-repeat sd 0.0158 at 5 repeats
+    bad = stats.power_check(loud, "gpu")
+    assert not bad["meets_target"] and bad["smallest_gain"] > 0.05 and bad["target"] == 0.05
+    n = bad["repeats_for_target"]
+    assert stats.smallest_acceptable_gain(bad["per_repeat_sd"], n) <= 1.05 < \
+        stats.smallest_acceptable_gain(bad["per_repeat_sd"], n - 1)
+    assert stats.power_check(loud, "cpu")["target"] == 0.10
+    assert stats.repeats_for(0.005, 0.01) is None  # below the 1 % floor: no number of repeats
+    with pytest.raises(ValueError, match="device kind"):
+        stats.power_check(loud, "tpu")

@@ -15,6 +15,13 @@ def test_selftest_catches_planted_defects_and_passes_lossless_systems():
     assert out["no_flip_bias_passed"]
     assert out["slowdown_accepted"] == 0 and out["swap_inverts"]
     assert out["aa_accepted"] <= 0.05 * out["aa_trials"]
+    # power at a round's own design (6 repeats × 1 cell) and the assumed CPU noise: a 12 % gain
+    # is rarely accepted there, though the reference design (14 × 4) accepts it almost always
+    d = out["deployment_design"]
+    assert (d["repeats"], d["cells"], d["noise_source"]) == (6, 1, "assumed")
+    assert d["speedup_accepted"] < 0.2 * d["trials"] <= out["speedup_accepted"]
+    assert d["smallest_gain"] > 0.12 and not d["meets_target"] and d["repeats_for_target"] > 6
+    assert d["aa_accepted"] <= 0.05 * d["trials"]
 
 
 def test_defect_specs():
@@ -31,15 +38,18 @@ def test_selftest_cli_json(capsys, monkeypatch):
     import specpilot.selftest as st
 
     real = st.run_selftest
-    monkeypatch.setattr(st, "run_selftest", lambda trials, progress, real_runs: real(
-        trials=2, prompts=2, new_tokens=16, progress=False, real_runs=0))
+    monkeypatch.setattr(st, "run_selftest", lambda trials, progress, real_runs, design: real(
+        trials=2, prompts=2, new_tokens=16, progress=False, real_runs=0, design=design))
     import json
 
-    assert main(["selftest", "--json", "--real-runs", "0"]) == 0
+    assert main(["selftest", "--json", "--real-runs", "0", "--repeats", "12"]) == 0
     out = json.loads(capsys.readouterr().out)
     for key in ("defect_rejected", "defect_trials", "aa_accepted", "aa_trials", "slowdown_accepted",
-                "speedup_accepted", "swap_inverts"):
+                "speedup_accepted", "swap_inverts", "reference_design", "deployment_design"):
         assert key in out
+    assert out["deployment_design"]["repeats"] == 12
+    assert main(["selftest", "--json", "--repeats", "1"]) == 2
+    assert "at least 2 repeats" in capsys.readouterr().err
 
 
 def test_silent_slowdown_keeps_the_output():

@@ -1,0 +1,256 @@
+"""Planted bugs that the tests must catch.
+
+Each mutation replaces one snippet of one source file in a scratch copy of the repository, runs the
+tests meant to catch it there under each Hypothesis seed asked for, and expects them to FAIL. A
+mutation the tests pass under some seed has escaped: the script says where and exits 1. The
+unmutated copy is run first and must pass (else nothing the mutations show means anything).
+
+The engine's mutations only bite on accepted paths of three or more nodes, on both decoding
+drivers (the eager one: engine/cache.py Cache, engine/gdn.py replay_path; the static one:
+StaticCache.commit, gdn.tree_state / tree_gated_delta_rule, treeops.accept); the statistics'
+change the lower bound by a few percent (services/controller/stats.py).
+
+    python tests/mutations/run.py                  # every mutation, Hypothesis seeds 0..7
+    python tests/mutations/run.py --seeds 0-2 --only eager-chain-state static-compaction
+    python tests/mutations/run.py --property-only  # the engine's Hypothesis test alone, no fixed runs
+    python tests/mutations/run.py --list | --json
+
+Run it whenever acceptance, K/V compaction, the recurrent-state commit or the statistics change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+DEEP = ["tests/unit/test_lossless_deep.py"]
+STATS = ["tests/unit/test_paired_stats.py"]
+IGNORE = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".hypothesis", ".pytest_cache", "*.egg-info",
+                                "build", "dist")
+
+# Makes `specpilot` and its mapped folders (setup.py's package_dir) import from the scratch copy,
+# ahead of any installed or editable copy, then runs pytest there.
+BOOT = """
+import importlib.util, os, sys
+root = os.getcwd()
+folders = {"specpilot": "specpilot", "specpilot.engine": "engine", "specpilot.kernels": "kernels",
+           "specpilot.zoo": "zoo", "specpilot.services": "services"}
+class Scratch:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name not in folders:
+            return None
+        base = os.path.join(root, folders[name])
+        return importlib.util.spec_from_file_location(name, os.path.join(base, "__init__.py"),
+                                                      submodule_search_locations=[base])
+sys.meta_path.insert(0, Scratch)
+import pytest
+sys.exit(pytest.main(sys.argv[1:]))
+"""
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    what: str
+    file: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+    engine: bool = True  # --property-only narrows engine mutations to the Hypothesis test
+
+
+MUTATIONS = [
+    Mutation(
+        "eager-chain-state",
+        "(a) eager: a chain commit of n ≥ 3 tokens keeps the recurrent state after token n−1, not n",
+        "engine/cache.py",
+        "self.h[i] = states[:, n - 1 - (self.pending - states.shape[1])].clone()",
+        "self.h[i] = states[:, (n - 1 if n < 3 else n - 2) - (self.pending - states.shape[1])].clone()",
+        tuple(DEEP)),
+    Mutation(
+        "eager-tree-state",
+        "(b) eager: the accepted tree path's recurrent state is replayed over its first two nodes only",
+        "engine/gdn.py",
+        "_, states = gated_delta_rule(*(t[idx][None] for t in stash[\"rule\"]), h0)",
+        "_, states = gated_delta_rule(*(t[idx[:2]][None] for t in stash[\"rule\"]), h0)",
+        tuple(DEEP)),
+    Mutation(
+        "eager-compaction",
+        "(c) eager: only the first two accepted tree rows' K/V are moved to consecutive slots",
+        "engine/cache.py",
+        "            dst = slice(self.length, self.length + n)\n"
+        "            for i in self.k:\n"
+        "                src = torch.tensor(path, device=self.k[i].device) + self.length",
+        "            dst = slice(self.length, self.length + min(n, 2))\n"
+        "            for i in self.k:\n"
+        "                src = torch.tensor(path[:2], device=self.k[i].device) + self.length",
+        tuple(DEEP)),
+    Mutation(
+        "static-chain-state",
+        "(a) static: a chain commit of τ ≥ 3 rows keeps the recurrent state after row τ−2, not τ−1",
+        "engine/cache.py",
+        "deepest = path.gather(0, (tau - 1).view(1))[0]",
+        "deepest = path.gather(0, (tau - 1 - ((tau >= 3) & (not compact)).long()).view(1))[0]",
+        tuple(DEEP)),
+    Mutation(
+        "static-tree-state",
+        "(b) static: a tree commit takes the recurrent state of the path's second node, not its deepest",
+        "engine/cache.py",
+        "deepest = path.gather(0, (tau - 1).view(1))[0]",
+        "deepest = path.gather(0, ((tau - 1).clamp(max=1) if compact else tau - 1).view(1))[0]",
+        tuple(DEEP)),
+    Mutation(
+        "static-tree-rule",
+        "(b) static: the tree delta rule lets each row see its parent, not every ancestor",
+        "engine/gdn.py",
+        "    decay = torch.where(anc, Gh[:, :, None] - Gh[:, None, :], float(\"-inf\")).exp()  # [H, n, n]",
+        "    near = anc & (anc.sum(1)[:, None] - anc.sum(1)[None, :] <= 1)\n"
+        "    decay = torch.where(near, Gh[:, :, None] - Gh[:, None, :], float(\"-inf\")).exp()  # [H, n, n]",
+        tuple(DEEP)),
+    Mutation(
+        "static-compaction",
+        "(c) static: only the first two accepted tree rows' K/V are moved to consecutive slots",
+        "engine/cache.py",
+        "src, dst = L + path, L + torch.arange(D, device=path.device)",
+        "src, dst = L + path[:2], L + torch.arange(min(D, 2), device=path.device)",
+        tuple(DEEP)),
+    Mutation(
+        "static-accept",
+        "(c) static: acceptance reports the accepted rows of depth < 2 only (the rest: the root)",
+        "engine/treeops.py",
+        "path.scatter_(0, torch.where(acc, tree.depth.clamp(max=path_len - 1), path_len), idx)",
+        "path.scatter_(0, torch.where(acc & (tree.depth < 2), tree.depth.clamp(max=path_len - 1), path_len), idx)",
+        tuple(DEEP)),
+    Mutation(
+        "stats-population-sd",
+        "statistics: the population standard deviation (ddof 0) instead of the sample one",
+        "services/controller/stats.py",
+        "sd = float(per_repeat.std(ddof=1))",
+        "sd = float(per_repeat.std(ddof=0))",
+        tuple(STATS), engine=False),
+    Mutation(
+        "stats-dof",
+        "statistics: n instead of n − 1 degrees of freedom for the t quantile",
+        "services/controller/stats.py",
+        "tq = t_quantile(confidence, n - 1)",
+        "tq = t_quantile(confidence, n)",
+        tuple(STATS), engine=False),
+]
+
+
+def seeds_arg(text: str) -> list[int]:
+    """'0-7' or '0,3,5' → seeds."""
+    try:
+        if "-" in text:
+            a, b = text.split("-")
+            return list(range(int(a), int(b) + 1))
+        return [int(s) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds {text!r}: expected a range like 0-7 or a list like 0,3,5") from None
+
+
+def scratch_copy() -> Path:
+    tmp = Path(tempfile.mkdtemp(prefix="specpilot-mutation-"))
+    shutil.copytree(REPO, tmp / "repo", ignore=IGNORE, symlinks=True)
+    return tmp / "repo"
+
+
+def apply(root: Path, m: Mutation) -> None:
+    path = root / m.file
+    text = path.read_text()
+    if text.count(m.old) != 1:
+        raise SystemExit(f"mutation {m.name}: {m.file} holds the snippet to replace {text.count(m.old)} times, "
+                         "expected once — the code changed: update the mutation in tests/mutations/run.py")
+    path.write_text(text.replace(m.old, m.new))
+
+
+def run_tests(root: Path, tests: tuple[str, ...], seed: int, select: str | None, timeout: float) -> tuple[bool, str]:
+    """(passed, the first failing test or the error) of pytest in `root` under a Hypothesis seed."""
+    args = [sys.executable, "-c", BOOT, "-q", "-x", "-p", "no:cacheprovider", f"--hypothesis-seed={seed}",
+            *tests]
+    if select:
+        args += ["-k", select]
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}
+    try:
+        out = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False, f"timed out after {timeout:.0f} s"
+    failed = [ln.split(" - ")[0].removeprefix("FAILED ") for ln in out.stdout.splitlines() if ln.startswith("FAILED")]
+    if out.returncode == 0:
+        return True, ""
+    if failed:
+        return False, failed[0]
+    return False, (out.stdout + out.stderr).strip().splitlines()[-1] if (out.stdout + out.stderr).strip() else \
+        f"pytest exited {out.returncode}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="run these mutations (see --list)")
+    ap.add_argument("--seeds", type=seeds_arg, default=list(range(8)), help="Hypothesis seeds, e.g. 0-7 (default)")
+    ap.add_argument("--property-only", action="store_true",
+                    help="engine mutations: run only the Hypothesis property test (not the fixed deep runs)")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the run of the unmutated copy")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per pytest run (default 600)")
+    ap.add_argument("--list", action="store_true", help="list the mutations and exit")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    a = ap.parse_args(argv)
+    known = {m.name: m for m in MUTATIONS}
+    if a.list:
+        for m in MUTATIONS:
+            print(f"{m.name:22} {m.file:30} {m.what}")
+        return 0
+    unknown = [n for n in a.only or () if n not in known]
+    if unknown:
+        print(f"error: unknown mutation {', '.join(unknown)}; known: {', '.join(known)}", file=sys.stderr)
+        return 2
+    chosen = [known[n] for n in a.only] if a.only else MUTATIONS
+    root = scratch_copy()
+    results, ok = [], True
+    try:
+        pristine = {m.file: (root / m.file).read_text() for m in chosen}
+        if not a.no_baseline:
+            tests = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
+            passed, why = run_tests(root, tests, a.seeds[0], None, a.timeout)
+            if not passed:
+                print(f"error: the unmutated copy fails its tests ({why}); fix that first", file=sys.stderr)
+                return 1
+        for m in chosen:
+            apply(root, m)
+            select = "noisy_oracle" if a.property_only and m.engine else None
+            row = {"mutation": m.name, "what": m.what, "seeds": {}}
+            for seed in a.seeds:
+                t0 = time.monotonic()
+                passed, why = run_tests(root, m.tests, seed, select, a.timeout)
+                row["seeds"][seed] = {"caught": not passed, "by": why, "seconds": round(time.monotonic() - t0, 1)}
+                ok &= not passed
+                if not a.json:
+                    print(f"{m.name:22} seed {seed}: {'caught' if not passed else 'ESCAPED'}  {why}", flush=True)
+            (root / m.file).write_text(pristine[m.file])
+            results.append(row)
+    finally:
+        shutil.rmtree(root.parent, ignore_errors=True)
+    if a.json:
+        print(json.dumps({"mutations": results, "seeds": a.seeds, "property_only": a.property_only,
+                          "all_caught": ok}, indent=1))
+    else:
+        width = max(len(m["mutation"]) for m in results)
+        print("\n" + " " * width + "  " + " ".join(f"{s:>2}" for s in a.seeds))
+        for r in results:
+            print(f"{r['mutation']:{width}}  " + " ".join(" x" if r["seeds"][s]["caught"] else " -" for s in a.seeds))
+        print("x: caught (the tests failed), -: escaped")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
