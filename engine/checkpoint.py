@@ -236,17 +236,21 @@ def _manifest_target(drafter: Path) -> Path | None:
         return None
 
 
-def check_system(target, drafter: str | None = None, force_drafter: bool = False) -> None:
+def check_system(target, drafter: str | None = None, force_drafter: bool = False) -> ModelConfig:
     """Refuse, before anything loads, a target or drafter folder that cannot be loaded, a drafter
     that does not fit its target, and — unless `force_drafter` — a drafter trained for another target
-    (its zoo manifest names another one) or one whose vocabulary differs from the target's."""
+    (its zoo manifest names another one) or one whose vocabulary differs from the target's. Returns
+    the target's config."""
     tcfg = check_model(target)
+    from .engine import load_tokenizer
+
+    load_tokenizer(target)  # a tokenizer.json that cannot be read is refused here, not in a worker
     if not drafter or drafter == "ngram" or drafter.startswith("ngram:"):
         if drafter and drafter.startswith("ngram:"):
             n = drafter.split(":", 1)[1]
             if not n.isdigit() or int(n) < 1:
                 raise CheckpointError(f"drafter {drafter!r}: expected ngram or ngram:N with N a positive integer")
-        return
+        return tcfg
     folder = Path(drafter)
     hint = "; pass --force-drafter to use it anyway"
     d = read_config(folder)
@@ -279,6 +283,7 @@ def check_system(target, drafter: str | None = None, force_drafter: bool = False
     if named is not None and named != Path(target).resolve() and not force_drafter:
         raise CheckpointError(f"{folder}: zoo.json says this drafter was trained for {named}, not for the target "
                               f"{target}{hint}")
+    return tcfg
 
 
 def write_checkpoint(folder, config: dict, tensors: dict[str, torch.Tensor], max_shard_bytes: int | None = None):

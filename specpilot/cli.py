@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -82,10 +83,10 @@ def check_engine_flags(args) -> None:
     check_system(args.target, args.drafter if args.mode != "ar" else None, args.force_drafter)
     if args.mode != "ar" and args.drafter and not args.drafter.startswith("ngram"):
         d = read_config(args.drafter)
-        if d.get("drafter_kind") in ("block", "block_markov") and args.draft_len > d["block_size"]:
+        block = d.get("block_size", 16)
+        if d.get("drafter_kind") in ("block", "block_markov") and args.draft_len > block:
             raise ValueError(f"--draft-len {args.draft_len}: the {d['drafter_kind']} drafter {args.drafter} drafts at "
-                             f"most block_size = {d['block_size']} positions per pass; give --draft-len "
-                             f"{d['block_size']} or less")
+                             f"most block_size = {block} positions per pass; give --draft-len {block} or less")
     tree = args.tree if args.mode == "tree" else None
     if tree:
         from specpilot.engine.trees import parse_policy
@@ -237,11 +238,13 @@ def cmd_pair(args) -> int:
             raise ValueError(f"{path}: not a system config ({one_line(e)}); write a JSON object of EngineConfig "
                              f"fields, e.g. {example}") from None
         try:
-            check_system(cfg["target"], cfg.get("drafter") if cfg.get("mode", "chain") != "ar" else None,
-                         args.force_drafter)
+            vocab[cfg["target"]] = check_system(cfg["target"], cfg.get("drafter") if cfg.get("mode", "chain") != "ar"
+                                                else None, args.force_drafter).vocab_size
         except ValueError as e:
             raise ValueError(f"{path}: {e}") from None
         return cfg
+
+    vocab: dict[str, int] = {}
 
     if args.repeats < 2:
         raise ValueError(f"--repeats {args.repeats}: expected 2 or more (the bound is a t-interval over repeats)")
@@ -251,6 +254,15 @@ def cmd_pair(args) -> int:
     stock = config(args.stock) if args.stock else {**inc, "mode": "chain"}
     reqs = [{k: v for k, v in {"id": r.id, "prompt": r.prompt, "prompt_ids": list(r.prompt_ids) if r.prompt_ids
              else None, "max_new_tokens": r.max_new_tokens}.items() if v is not None} for r in read_requests(args.workload)]
+    for r in reqs:
+        for target, size in vocab.items():
+            bad = [t for t in r.get("prompt_ids", []) if t >= size]
+            if bad:
+                raise ValueError(f"{args.workload}: request {r['id']!r} has prompt id {bad[0]}, outside the vocabulary "
+                                 f"of {target} (size {size})")
+            if "prompt" in r and not (Path(target) / "tokenizer.json").is_file():
+                raise ValueError(f"{args.workload}: request {r['id']!r} is text, but {target} has no tokenizer.json; "
+                                 "give prompt_ids")
     devices = device_list(args.devices)
     steps = 2 * args.repeats * (2 if len(devices) == 1 else 1)
     with progress_bar(2 * steps, "paired runs", "step", disable=args.json) as bar:
@@ -422,8 +434,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run a command; bad input is one line on stderr (under --json one {"error": ...} object on stdout)
     and exit status 2, never a traceback."""
-    from specpilot.engine.checkpoint import CheckpointError
-
     argv = sys.argv[1:] if argv is None else list(argv)
     json_out = "--json" in argv
     try:
@@ -437,7 +447,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
-    except (CheckpointError, ValueError, RuntimeError, LookupError, OSError, TimeoutError) as e:
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except (ValueError, RuntimeError, LookupError, OSError, TimeoutError) as e:  # CheckpointError is a ValueError
         if isinstance(e, KeyError) and e.args:
             msg = e.args[0]
         elif isinstance(e, OSError) and e.filename and e.strerror:

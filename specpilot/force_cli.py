@@ -12,6 +12,7 @@ Outputs files are what `specpilot generate --out FILE` writes (JSON lines, one `
 from __future__ import annotations
 
 import json
+import re
 
 from specpilot.services.controller.forcing import (
     ForcingSettings,
@@ -78,6 +79,8 @@ def run(args) -> int:
         raise ValueError("give --delta X, or --ar FILE (AR outputs) to calibrate δ from stock vs AR")
     if args.delta is not None and not args.delta > 0:
         raise ValueError(f"--delta must be > 0; got {args.delta}")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+        raise ValueError(f"--device {args.device!r}: expected cpu, cuda or cuda:N")
     vocab = check_model(args.scorer).vocab_size
     candidate, baseline = read_outputs(args.outputs), read_outputs(args.baseline)
     ar_outputs = read_outputs(args.ar) if args.delta is None else None

@@ -6,6 +6,7 @@ The memory lives in a database (SQLite file by default, PostgreSQL in the distri
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from pathlib import Path
@@ -38,6 +39,8 @@ def register(subparsers) -> None:
     for p in (ls, show, graph, port, *cmds.choices.values()):
         if not any(a.dest == "json" for a in p._actions):
             p.add_argument("--json", action="store_true", help="print JSON")
+            p.add_argument("--store", default=argparse.SUPPRESS, metavar="URL",
+                           help="database URL, here or before the command")
     mem.set_defaults(func=run)
 
     serve = subparsers.add_parser("serve", help="run a service: the memory API, or the controller (REST API and "

@@ -59,7 +59,7 @@ def check_deployment(dep: dict, force_drafter: bool = False) -> None:
 
     for key, drafter in [("drafter", dep["drafter"]), *((f"drafters.{k}", v) for k, v in dep["drafters"].items())]:
         try:
-            check_system(dep["target"], drafter, force_drafter)
+            vocab = check_system(dep["target"], drafter, force_drafter).vocab_size
         except ValueError as e:
             raise ValueError(f"deployment: {key}: {e}") from None
     kinds = (*FEATURE_KINDS, "draft_lm")
@@ -91,9 +91,17 @@ def check_deployment(dep: dict, force_drafter: bool = False) -> None:
         raise ValueError(f"deployment: field 'workload' = {w!r}: no such file; expected humaneval, stdlib or a "
                          "workload FILE.jsonl (relative to the deployment file)")
     try:
-        requests_of(dep)
+        requests = requests_of(dep)
     except ValueError as e:
         raise ValueError(f"deployment: field 'workload': {e}") from None
+    for r in requests:
+        bad = [t for t in r.get("prompt_ids") or [] if t >= vocab]
+        if bad:
+            raise ValueError(f"deployment: workload {w}: request {r['id']!r} has prompt id {bad[0]}, outside the "
+                             f"target's vocabulary (size {vocab})")
+        if r.get("prompt") is not None and not (Path(dep["target"]) / "tokenizer.json").is_file():
+            raise ValueError(f"deployment: workload {w}: request {r['id']!r} is text, but the target {dep['target']} "
+                             "has no tokenizer.json; give prompt_ids, or a target with its tokenizer")
 
 
 def run_rounds(dep_source, rounds: int, agents=None, run_dir=None, store=None, repo=None, json_out=False,

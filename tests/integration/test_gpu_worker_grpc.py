@@ -107,7 +107,7 @@ def test_paired_runs_over_grpc_give_the_tokens_of_local_processes(worker):
 
 def test_refusals_and_deadlines_are_one_line_errors(worker):
     remote = GrpcWorkers([worker["address"]])
-    with pytest.raises(RuntimeError, match="build failed .*the worker exited"):
+    with pytest.raises(RuntimeError, match="build failed .*could not load the system: /nonexistent: not a checkpoint"):
         remote.start(system({"target": "/nonexistent", "mode": "ar"}), worker["address"], 60)
     with pytest.raises(ValueError, match="INVALID_ARGUMENT.*patch"):
         remote.start(system(STOCK, "not a patch", "HEAD"), worker["address"], 60)

@@ -108,7 +108,7 @@ def test_unusable_store_urls(pair, tmp_path, capsys, url, says):
     dep = tmp_path / "dep.json"
     dep.write_text(json.dumps({"name": "x", "target": str(pair / "target"), "drafter": str(pair / "drafter"),
                                "workload": str(pair / "w.jsonl")}))
-    for argv in (["memory", "--store", url, "list"],
+    for argv in (["memory", "--store", url, "list"], ["memory", "show", "x", "--store", url],
                  ["round", "--deployment", str(dep), "--store", url, "--run-dir", str(tmp_path / "run")],
                  ["serve", "memory-api", "--store", url],
                  ["serve", "controller", "--store", url]):
@@ -129,6 +129,9 @@ def test_deployments_and_workloads_naming_what_does_not_exist(pair, tmp_path, ca
              ({"budgets": ["bushy:3"]}, "budgets"), ({"devices": "tpu:0"}, "tpu"), ({"prompts": "3"}, "prompts"),
              ({"drafters": {"block_markov": str(pair / "drafter")}}, "is a block drafter"),
              ({"drafters": {"warp": str(pair / "drafter")}}, "unknown drafter kind"), ({"agent": "x"}, "agent")]
+    big = tmp_path / "big.jsonl"
+    big.write_text(json.dumps({"id": "a", "prompt_ids": [1, 500]}) + "\n")
+    cases += [({"workload": str(big)}, "prompt id 500"), ({"workload": "humaneval"}, "no tokenizer.json")]
     for extra, named in cases:
         dep = tmp_path / "dep.json"
         dep.write_text(json.dumps({**base, **extra}))
@@ -140,10 +143,12 @@ def test_deployments_and_workloads_naming_what_does_not_exist(pair, tmp_path, ca
                  ["pair", "--candidate", str(sys_cfg), "--incumbent", str(sys_cfg), "--workload", "missing.jsonl"],
                  ["pair", "--candidate", str(tmp_path / "none.json"), "--incumbent", str(sys_cfg), "--workload",
                   str(pair / "w.jsonl")],
+                 ["pair", "--candidate", str(sys_cfg), "--incumbent", str(sys_cfg), "--workload", str(big)],
+                 ["generate", "--target", str(pair / "target"), "--mode", "ar", "--workload", str(big)],
                  ["force", "--scorer", str(pair / "target"), "--outputs", "missing.jsonl", "--baseline",
                   "missing.jsonl", "--delta", "1"]):
         msg = one_line_error(capsys, argv)
-        assert "missing.jsonl" in msg or "none.json" in msg, (argv, msg)
+        assert "missing.jsonl" in msg or "none.json" in msg or "500" in msg, (argv, msg)
 
 
 def test_nonsense_flag_combinations_are_refused_with_the_reason(pair, capsys):
@@ -216,3 +221,13 @@ def test_round_help_shows_the_defaults(capsys):
     assert "(default: 1)" in text  # --rounds
     for field in ('repeats=6', 'prompts=3', 'max_new_tokens=48', 'budgets=["chain"'):
         assert field in text, field
+
+
+def test_an_unreadable_tokenizer_is_refused_before_work(pair, tmp_path, capsys):
+    bad = tmp_path / "t"
+    shutil.copytree(pair / "target", bad)
+    (bad / "tokenizer.json").write_text("{broken")
+    for argv in (["generate", "--target", str(bad), "--mode", "ar", "--prompt", "x"],
+                 ["costmodel", "--target", str(bad), "--drafter", "ngram"]):
+        msg = one_line_error(capsys, argv)
+        assert "tokenizer.json" in msg, (argv, msg)
