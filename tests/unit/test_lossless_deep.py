@@ -7,7 +7,9 @@ Every family × every policy (chain, best-first, top-k, Sequoia) × both drivers
 decode.py and the static-shape one in fast.py, run eagerly) × the replay path (replay.drafter_taus
 and replay.replay). Besides the tokens, each step's τ must be the one the continuation dictates for
 the tree built from that step's lattice (the deepest root path that spells it), so a step that
-accepts too little, or too much, fails too.
+accepts too little, or too much, fails too; and the state left committed (K/V, recurrent and conv
+state) must equal a plain pass over the same tokens, so a wrong state fails even where it flips
+no argmax.
 
 A test that never goes deep proves nothing about deep paths: the fixed runs below
 (`test_deep_runs_are_lossless`) are deterministic and each must accept paths of τ ≥ 6 several
@@ -66,11 +68,38 @@ def run(driver, family, spec, p, draft_len, seed, markov):
     oracle = NoisyOracle(cont, len(PROMPT), p, seed, VOCAB, markov=markov)
     rec = []
     if driver == "eager":
-        res = generate(tgt, PROMPT, N, oracle, draft_len, eos=set(), policy=policy(spec), record=rec)
+        made = []  # the decoding cache generate makes, to compare its committed state afterwards
+        tgt.new_cache = lambda *a, **kw: made.append(type(tgt).new_cache(tgt, *a, **kw)) or made[-1]
+        try:
+            res = generate(tgt, PROMPT, N, oracle, draft_len, eos=set(), policy=policy(spec), record=rec)
+        finally:
+            del tgt.new_cache
+        cache = made[0]
     else:
         dec = FastDecoder(tgt, oracle, draft_len, policy(spec), max_len=256, graphs=False)
         res = dec.generate(PROMPT, N, eos=set(), record=rec)
+        cache = dec.cache
+    assert_committed_state_is_ar(family, cache)
     return res.tokens, [s.tau for s in res.steps], rec
+
+
+@torch.no_grad()
+def assert_committed_state_is_ar(family, cache):
+    """What decoding left committed — K/V of every position, recurrent and conv state — equals one
+    plain pass over the prompt and the continuation's tokens up to the committed length: a wrong
+    state that happens not to flip an argmax fails here."""
+    tgt, static = target(family), not hasattr(cache, "pending")
+    L = int(cache.length)
+    ref = tgt.new_cache(L)
+    tgt(torch.tensor([PROMPT + truth(family)[: L - len(PROMPT)]]), ref, logits=False)
+    ref.commit(L)
+    tol = {"rtol": 1e-9, "atol": 1e-9}
+    for i in ref.k:
+        torch.testing.assert_close(cache.k[i][:, :, :L], ref.k[i][:, :, :L], **tol)
+        torch.testing.assert_close(cache.v[i][:, :, :L], ref.v[i][:, :, :L], **tol)
+    for i in ref.h:
+        torch.testing.assert_close(cache.h[i], ref.h[i][0] if static else ref.h[i], **tol)
+        torch.testing.assert_close(cache.conv[i], ref.conv[i][0].T if static else ref.conv[i], **tol)
 
 
 def dictated_taus(family, spec, rec):
