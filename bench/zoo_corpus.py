@@ -5,7 +5,9 @@
 Reads the prepared file (zoo/data/code-corpus.jsonl.xz; `specpilot zoo corpus` makes it), checks its
 sha256 against the lock, then
 - tokens: a byte-level BPE tokenizer per vocabulary size, trained on a stable `--tokenizer-sample` share
-  of the training files (as the build's recipes do), counts the tokens of every training and held-out file;
+  of the training files (as the build's recipes do), counts the tokens of a stable `--count-sample`
+  share of the training and held-out files (1.0: every file); with a share below 1 the result also
+  gives the whole split's count at the sample's bytes per token, marked as scaled;
 - leaks: for every held-out file, the runs of corpus.RUN_LINES significant lines it shares with the
   training files, and for every HumanEval problem (prompt, solution, tests) the runs of
   corpus.HUMANEVAL_RUN_LINES lines; both must be 0.
@@ -36,6 +38,7 @@ def main() -> int:
     ap.add_argument("--corpus", default=str(C.CODE_CORPUS))
     ap.add_argument("--vocab", default="4096,16384")
     ap.add_argument("--tokenizer-sample", type=float, default=0.25)
+    ap.add_argument("--count-sample", type=float, default=1.0)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     t = time.perf_counter()
@@ -52,12 +55,17 @@ def main() -> int:
         t = time.perf_counter()
         tok = T.train_tokenizer([d.text for d in C.subsample(c.train, args.tokenizer_sample)], v)
         t_train = time.perf_counter() - t
-        counts = {}
+        row = {"tokenizer_s": t_train, "count_sample": args.count_sample}
         for split, docs in (("train", c.train), ("heldout", c.heldout)):
-            counts[split] = sum(len(e.ids) + 1 for e in tok.encode_batch([d.text for d in docs], add_special_tokens=False))
-        result["tokens"][str(v)] = {**counts, "tokenizer_s": t_train, "encode_s": time.perf_counter() - t - t_train,
-                                    "train_bytes_per_token": result["train_bytes"] / counts["train"]}
-        print(f"vocab {v}: {counts['train'] / 1e6:.1f} M training / {counts['heldout'] / 1e6:.1f} M held-out tokens", flush=True)
+            docs = C.subsample(docs, args.count_sample)
+            n = sum(len(e.ids) + 1 for e in tok.encode_batch([d.text for d in docs], add_special_tokens=False))
+            size = sum(len(d.text.encode()) for d in docs)
+            row[split] = {"files": len(docs), "bytes": size, "tokens": n, "bytes_per_token": size / n}
+            if args.count_sample < 1.0:
+                row[split]["tokens_scaled_to_split"] = round(result[f"{split}_bytes"] / (size / n))
+        row["encode_s"] = time.perf_counter() - t - t_train
+        result["tokens"][str(v)] = row
+        print(f"vocab {v}: {row['train']}", flush=True)
     t = time.perf_counter()
     runs: set[int] = set()
     for d in c.train:

@@ -31,17 +31,17 @@ from specpilot.engine.checkpoint import load_model  # noqa: E402
 from specpilot.engine.decode import generate  # noqa: E402
 from specpilot.zoo import corpus, realism, train, workloads  # noqa: E402
 from specpilot.zoo import tokenizer as tok_mod  # noqa: E402
-from specpilot.zoo.build import PROMPT_TOKENS, encode_docs  # noqa: E402
+from specpilot.zoo.build import PRESETS, PROMPT_TOKENS, encode_docs  # noqa: E402
 
 HELDOUT_BYTES = 400_000
 
 
-def heldout_docs() -> list[corpus.Document]:
-    """The held-out stdlib modules' files in sorted order, up to HELDOUT_BYTES."""
+def heldout_docs(limit: int = HELDOUT_BYTES) -> list[corpus.Document]:
+    """The held-out stdlib modules' files in sorted order, up to `limit` bytes."""
     docs, total = [], 0
     for d in corpus.load_corpus().heldout:
         size = len(d.text.encode("utf-8"))
-        if total + size > HELDOUT_BYTES:
+        if total + size > limit:
             continue
         docs.append(d)
         total += size
@@ -74,8 +74,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--zoo", action="append", default=[], help="a built set (folder with zoo.json); repeatable")
     ap.add_argument("--baseline", action="append", default=[], help="today's shipped set, for comparison")
+    ap.add_argument("--target", action="append", default=[], metavar="PRESET/ROLE=FOLDER",
+                    help="one target folder of a set still being built (its recipe: the preset's); repeatable")
     ap.add_argument("--prompts", type=int, default=164)
     ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--heldout-bytes", type=int, default=HELDOUT_BYTES)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -83,9 +86,19 @@ def main() -> int:
     result = json.loads(out.read_text()) if out.is_file() else {}
     result.update({"command": " ".join(["python"] + sys.argv), "date": datetime.date.today().isoformat(),
                    "git_sha": git_sha(), "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-                   "torch": torch.__version__, "heldout_text": f"held-out stdlib modules, first {HELDOUT_BYTES} bytes"})
+                   "torch": torch.__version__, "heldout_text": f"held-out stdlib modules, first {args.heldout_bytes} bytes"})
     prompts = [q.prompt for q in workloads.humaneval(limit=args.prompts)]
-    held = heldout_docs()
+    held = heldout_docs(args.heldout_bytes)
+    for spec in args.target:
+        key, _, folder = spec.partition("=")
+        preset = key.split("/")[0]
+        if not folder or preset not in PRESETS:
+            raise SystemExit(f"--target {spec!r}: expected PRESET/ROLE=FOLDER with PRESET one of {', '.join(PRESETS)}")
+        row = measure(Path(folder), PRESETS[preset].seq, prompts, args.new_tokens, args.device, held)
+        result.setdefault("targets", {})[key] = {**row, "zoo": folder}
+        print(f"targets  {key:14s} parse_rate {row['parse_rate']:.3f}  loop_rate {row['loop_rate']:.3f}  "
+              f"held-out {row['heldout_bpb']:.3f} bits/byte", flush=True)
+        out.write_text(json.dumps(result, indent=1))
     for section, sets in (("targets", args.zoo), ("baseline", args.baseline)):
         for zoo in map(Path, sets):
             manifest = json.loads((zoo / "zoo.json").read_text())
