@@ -67,7 +67,7 @@ def measure(folder: Path, seq: int, prompts: list[str], new: int, device: str, h
             "heldout_bpb": bpb, "heldout_nat_per_token": nat, "prompts": len(prompts), "new_tokens": new,
             "params": sum(p.numel() for p in target.parameters()), "generate_s": gen_s,
             "examples": [{"id": i, "completion": texts[i][:400], "parses": parsed[i], "loops": looped[i]}
-                         for i in (0, 1, 2)]}
+                         for i in range(min(3, len(prompts)))]}
 
 
 def main() -> int:
