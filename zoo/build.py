@@ -75,6 +75,12 @@ class Recipe:
     store_dtype: str = "bfloat16"
     seed: int = 0
     corpus_bytes: int | None = None  # cap per split (tests); None = the whole standard library
+    # "stdlib": this interpreter's standard library; "code": the prepared code corpus (stdlib + pinned
+    # packages, corpus.read_corpus), of which a stable `corpus_sample` share of the files is used
+    corpus: str = "stdlib"
+    dense_target: Shape | None = None  # the dense target's shape when it differs from `target` (the hybrid's)
+    corpus_sample: float = 1.0
+    tokenizer_sample: float = 1.0  # share of the training files the tokenizer learns its merges on
 
     def training(self, kind: str) -> tuple[int, int, float]:
         """(steps, batch, learning rate) of a drafter kind."""
@@ -88,11 +94,15 @@ class Recipe:
 
 
 PRESETS = {
+    # the dense target is twice as deep as the hybrid: on a CPU a step of a shallow target is mostly
+    # fixed per-pass cost, so a verify pass is not cheaper than drafting and speculation cannot pay
     "micro": Recipe("micro", vocab=4096, target=Shape(128, 4, 4, 2, 384), draft_lm=Shape(64, 2, 4, 2, 192),
+                    dense_target=Shape(128, 8, 4, 2, 384),
                     target_steps=500, target_batch=16, seq=128, target_lr=3e-3,
                     distill_seqs=768, prompt_len=32, gen_len=128,
                     drafter_steps=300, drafter_batch=16, drafter_lr=2e-3, draft_lm_steps=300,
-                    block_steps=400, block_lr=3e-3, workload_prompts=0.5),
+                    block_steps=400, block_lr=3e-3, workload_prompts=0.5,
+                    corpus="code", corpus_sample=0.1),
     # targets see the corpus once (300 × 32 × 256 tokens ≈ its 2.4 M): a second pass made the
     # hybrid memorise (train loss 2.2 vs held-out 4.7) and its greedy HumanEval text unpredictable
     "small": Recipe("small", vocab=16384, target=Shape(512, 8, 8, 4, 1536), draft_lm=Shape(192, 2, 4, 2, 512),
@@ -101,7 +111,7 @@ PRESETS = {
                     drafter_steps=1200, drafter_batch=64, sequential_batch=32, drafter_lr=1e-3, anchors=8, block_layers=2,
                     draft_lm_steps=400, eval_prompts=8, eval_new_tokens=64, markov_rank=64, markov_steps=600,
                     markov_lr=3e-3,
-                    workload_prompts=0.5, gen_batch=512),
+                    workload_prompts=0.5, gen_batch=512, corpus="code", tokenizer_sample=0.25),
     # a seconds-long build of the whole pipeline for the test suite
     "nano": Recipe("nano", vocab=300, target=Shape(32, 2, 2, 1, 64), draft_lm=Shape(32, 1, 2, 1, 64),
                    target_steps=12, target_batch=4, seq=32, target_lr=3e-3,
@@ -112,7 +122,7 @@ PRESETS = {
 
 
 def target_config(r: Recipe, hybrid: bool) -> ModelConfig:
-    s = r.target
+    s = r.target if hybrid or r.dense_target is None else r.dense_target
     n = s.layers
     layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n)] if hybrid \
         else ["full_attention"] * n
@@ -160,9 +170,10 @@ def params(module: torch.nn.Module) -> int:
 
 
 def encode_docs(tok, docs) -> torch.Tensor:
+    """Every document's tokens, each followed by EOS (id 0), in one stream (batched: the tokenizer's threads)."""
     ids = []
-    for d in docs:
-        ids += tok_mod.encode(tok, d.text) + [0]
+    for enc in tok.encode_batch([d.text for d in docs], add_special_tokens=False):
+        ids += enc.ids + [0]
     return torch.tensor(ids, dtype=torch.long)
 
 
@@ -272,11 +283,24 @@ class Inputs:
     tokenizer_s: float
 
 
+def load_recipe_corpus(r: Recipe) -> corpus_mod.Corpus:
+    """The recipe's corpus (the code corpus is hash-checked against the lock), sampled as it says."""
+    if r.corpus == "stdlib":
+        return corpus_mod.load_corpus(max_bytes=r.corpus_bytes)
+    if r.corpus != "code":
+        raise ValueError(f"recipe {r.name}: corpus {r.corpus!r} is not one of stdlib, code")
+    full, _ = corpus_mod.read_corpus()
+    train_docs, held = corpus_mod.subsample(full.train, r.corpus_sample), corpus_mod.subsample(full.heldout, r.corpus_sample)
+    # the manifest records the full corpus' (locked) hash; the sample is a function of it and the recipe
+    return corpus_mod.Corpus(train_docs, held, full.sha256, full.python_version)
+
+
 def prepare(r: Recipe, log=print) -> Inputs:
     """Corpus, tokenizer, token streams and prompts of a recipe (deterministic in the recipe)."""
-    corpus = corpus_mod.load_corpus(max_bytes=r.corpus_bytes)
+    corpus = load_recipe_corpus(r)
     log(f"corpus: {len(corpus.train)} train / {len(corpus.heldout)} held-out files, sha256 {corpus.sha256[:12]}")
-    tok, tokenizer_s = train.timed(tok_mod.train_tokenizer, [d.text for d in corpus.train], r.vocab)
+    tok_docs = corpus_mod.subsample(corpus.train, r.tokenizer_sample)
+    tok, tokenizer_s = train.timed(tok_mod.train_tokenizer, [d.text for d in tok_docs], r.vocab)
     train_ids, held_ids = encode_docs(tok, corpus.train), encode_docs(tok, corpus.heldout)
     log(f"tokenizer: vocab {tok.get_vocab_size()}, {len(train_ids)} train / {len(held_ids)} held-out tokens")
     return Inputs(corpus, tok, train_ids, held_ids, eval_prompts(r, tok),
@@ -297,6 +321,7 @@ def build(preset: str, out: Path, device: str = "cpu", log=print, roles: tuple[s
                                                              inp.prompts, inp.fn_prompts)
     timings["tokenizer_s"] = inp.tokenizer_s
     sdt = getattr(torch, r.store_dtype)
+    byte_len = torch.tensor(tok_mod.byte_lengths(tok))
     models = []
 
     for role, hybrid in (("dense", False), ("hybrid", True)):
@@ -306,13 +331,14 @@ def build(preset: str, out: Path, device: str = "cpu", log=print, roles: tuple[s
         target = train_target(r, hybrid, train_ids, device, log)
         cfg = target.cfg
         timings[f"{role}_target_s"] = time.perf_counter() - t
-        loss = train.heldout_loss(target, held_ids, r.seq, 64, r.seed + 3, device)
-        log(f"  {role} target: {params(target) / 1e6:.2f} M parameters, held-out loss {loss:.3f}")
+        loss, bpb = train.heldout_eval(target, held_ids, r.seq, 64, r.seed + 3, device, byte_len)
+        log(f"  {role} target: {params(target) / 1e6:.2f} M parameters, held-out loss {loss:.3f} nat/token, "
+            f"{bpb:.3f} bits/byte")
         save_model(target, out / role, dtype=sdt)
         tok_mod.save(tok, out / role)
         target = as_stored(target, sdt)
         entry = {"name": role, "path": role, "role": "target", "kind": cfg.family, "target": None,
-                 "params": params(target), "heldout_loss": loss, "tau": None}
+                 "params": params(target), "heldout_loss": loss, "heldout_bpb": bpb, "tau": None}
         models.append(entry)
 
         # distillation data: the target's greedy continuations of corpus prompts
@@ -357,7 +383,7 @@ def build(preset: str, out: Path, device: str = "cpu", log=print, roles: tuple[s
                        f"{role} draft LM", log, device)
         timings[f"{role}_draft_lm_s"] = time.perf_counter() - t
         name = f"{role}-draft-lm"
-        lm_loss = train.heldout_loss(lm, held_ids, r.seq, 64, r.seed + 3, device)
+        lm_loss, lm_bpb = train.heldout_eval(lm, held_ids, r.seq, 64, r.seed + 3, device, byte_len)
         save_model(lm, out / name, dtype=sdt)
         tok_mod.save(tok, out / name)
         lm = as_stored(lm, sdt)
@@ -367,13 +393,14 @@ def build(preset: str, out: Path, device: str = "cpu", log=print, roles: tuple[s
         log(f"  [{time.perf_counter() - t_all:.0f} s] {role} draft LM: train {timings[f'{role}_draft_lm_s']:.1f} s, "
             f"τ {timings[f'{role}_draft_lm_tau_s']:.1f} s")
         models.append({"name": name, "path": name, "role": "drafter", "kind": "draft_lm", "target": role,
-                       "params": params(lm), "heldout_loss": lm_loss, "tau": taus["draft_lm"]})
+                       "params": params(lm), "heldout_loss": lm_loss, "heldout_bpb": lm_bpb, "tau": taus["draft_lm"]})
         entry["tau"] = {"ngram": taus["ngram"]}
         for kind, v in taus.items():
             log(f"  τ with {role} {kind:13s} humaneval {v['humaneval']:.2f}  stdlib {v['stdlib']:.2f}")
 
     timings["total_s"] = time.perf_counter() - t_all
     manifest = {"preset": preset, "recipe": dataclasses.asdict(r), "seed": r.seed, "corpus_sha256": corpus.sha256,
+                "corpus_tokens": {"train": len(train_ids), "heldout": len(held_ids)},
                 "python_version": corpus.python_version, "device": device, "torch": torch.__version__,
                 "tau_measure": {"mode": "chain", "draft_len": r.block, "prompts": r.eval_prompts,
                                 "new_tokens": r.eval_new_tokens, "dtype": "float32",

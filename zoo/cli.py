@@ -2,6 +2,7 @@
   zoo workload {humaneval,stdlib} --out FILE [--limit N] [--json]
   zoo build --preset micro|small [--out DIR] [--device cpu|cuda] [--json]
   zoo list [--dir DIR ...] [--json]
+  zoo corpus [--out FILE] [--wheels DIR] [--lock] [--json]
 
 `register(subparsers)` adds the group to the main CLI's argparse subparsers; the parsed
 args carry `func=run`, and `run(args)` returns the exit status.
@@ -50,6 +51,14 @@ def register(subparsers) -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print the manifest as JSON")
     b.set_defaults(func=run_build)
 
+    c = commands.add_parser("corpus", help="prepare the code corpus (stdlib + pinned packages) as one .xz file")
+    c.add_argument("--out", metavar="FILE", help="corpus file to write (default: zoo/data/code-corpus.jsonl.xz)")
+    c.add_argument("--wheels", metavar="DIR", help="where the pinned wheels are downloaded (default: zoo/data/wheels)")
+    c.add_argument("--lock", action="store_true", help="record the result as the new corpus.lock.json instead of "
+                   "checking against it")
+    c.add_argument("--json", action="store_true", help="print the corpus header as JSON")
+    c.set_defaults(func=run_corpus)
+
     ls = commands.add_parser("list", help="the built models and their figures")
     ls.add_argument("--dir", action="append", metavar="DIR", help="folders to search for zoo.json (repeatable)")
     ls.add_argument("--json", action="store_true", help="print a JSON list")
@@ -67,6 +76,27 @@ def run_build(args: argparse.Namespace) -> int:
     manifest = build.build(args.preset, out, args.device, log=(lambda *_: None) if args.json else print, roles=roles)
     if args.json:
         print(json.dumps(manifest))
+    return 0
+
+
+def run_corpus(args: argparse.Namespace) -> int:
+    from . import corpus
+
+    out = Path(args.out) if args.out else corpus.CODE_CORPUS
+    try:
+        header = corpus.prepare_code_corpus(out, Path(args.wheels) if args.wheels else None,
+                                            lock=None if args.lock else corpus.LOCK,
+                                            log=(lambda *_: None) if args.json else print)
+    except corpus.CorpusError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if args.lock:
+        corpus.write_lock(header)
+    if args.json:
+        print(json.dumps({k: v for k, v in header.items() if k != "packages"}))
+    else:
+        print(f"{header['train_files']} training / {header['heldout_files']} held-out files, "
+              f"{header['train_bytes'] / 1e6:.1f} / {header['heldout_bytes'] / 1e6:.1f} MB; dropped {header['dropped']}")
     return 0
 
 

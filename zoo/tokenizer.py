@@ -62,5 +62,16 @@ def encode(tokenizer: Tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False).ids
 
 
+def byte_lengths(tokenizer: Tokenizer) -> list[int]:
+    """UTF-8 bytes each token id stands for (byte-level BPE: one alphabet character per byte);
+    special tokens count 1 (a document separator)."""
+    out = [1] * tokenizer.get_vocab_size()
+    special = set(SPECIAL_TOKENS)
+    for token, i in tokenizer.get_vocab().items():
+        if token not in special:
+            out[i] = len(token)
+    return out
+
+
 def decode(tokenizer: Tokenizer, ids: Iterable[int]) -> str:
     return tokenizer.decode(list(ids), skip_special_tokens=False)

@@ -27,6 +27,8 @@ from specpilot.engine.drafters import DraftConfig, FeatureDrafterNet
 from specpilot.engine.model import Model
 from specpilot.engine.synthetic import randomize
 
+from .realism import bits_per_byte
+
 Log = Callable[[str], None]
 
 
@@ -101,10 +103,40 @@ def train_lm(model: Model, stream: torch.Tensor, steps: int, batch: int, seq: in
 
 @torch.no_grad()
 def heldout_loss(model: Model, stream: torch.Tensor, seq: int, n: int, seed: int, device="cpu") -> float:
+    return heldout_eval(model, stream, seq, n, seed, device)[0]
+
+
+@torch.no_grad()
+def heldout_eval(model: Model, stream: torch.Tensor, seq: int, n: int, seed: int, device="cpu",
+                 byte_lengths: torch.Tensor | None = None) -> tuple[float, float | None]:
+    """(nats per token, bits per byte) over n random held-out windows; bits per byte counts the
+    UTF-8 bytes of the predicted tokens (byte_lengths[id]; None: not computed)."""
     x = windows(stream, n, seq + 1, torch.Generator().manual_seed(seed)).to(device)
-    losses = [F.cross_entropy(model(c[:, :-1]).logits.flatten(0, 1).float(), c[:, 1:].flatten())
-              for c in x.split(16)]
-    return float(torch.stack(losses).mean())
+    total, count = 0.0, 0
+    for c in x.split(16):
+        nll = F.cross_entropy(model(c[:, :-1]).logits.flatten(0, 1).float(), c[:, 1:].flatten(), reduction="sum")
+        total, count = total + float(nll), count + c[:, 1:].numel()
+    bpb = None
+    if byte_lengths is not None:
+        bpb = bits_per_byte(total, int(byte_lengths[x[:, 1:].cpu()].sum()))
+    return total / count, bpb
+
+
+@torch.no_grad()
+def stream_eval(model: Model, stream: torch.Tensor, seq: int, byte_lengths: torch.Tensor, device="cpu",
+                batch: int = 16) -> tuple[float, float]:
+    """(nats per token, bits per byte) over the whole stream, cut into consecutive windows of seq + 1
+    tokens that overlap by one (every token after the first is predicted once, from its window)."""
+    n = (len(stream) - 1) // seq
+    if n < 1:
+        raise ValueError(f"stream_eval needs more than {seq} tokens, got {len(stream)}")
+    x = torch.stack([stream[i * seq : i * seq + seq + 1] for i in range(n)])
+    total = 0.0
+    for c in x.split(batch):
+        c = c.to(device)
+        total += float(F.cross_entropy(model(c[:, :-1]).logits.flatten(0, 1).float(), c[:, 1:].flatten(),
+                                       reduction="sum"))
+    return total / (n * seq), bits_per_byte(total, int(byte_lengths[x[:, 1:]].sum()))
 
 
 # ---- distillation data ----------------------------------------------------------------------

@@ -63,3 +63,17 @@ def test_zoo_tau_jobs_give_the_figures_of_one_process(tmp_path):
         for w in one[pair]:
             assert (one[pair][w]["tau"], one[pair][w]["ci95"], one[pair][w]["steps"]) == \
                 (two[pair][w]["tau"], two[pair][w]["ci95"], two[pair][w]["steps"])
+
+
+def test_zoo_realism_measures_every_target_of_a_set(tmp_path):
+    out = tmp_path / "realism.json"
+    run("zoo_realism.py", "--zoo", "zoo/checkpoints/micro", "--baseline", "zoo/checkpoints/micro", "--prompts", "2",
+        "--new-tokens", "8", "--heldout-bytes", "20000", "--out", str(out))
+    res = json.loads(out.read_text())
+    assert {"command", "device", "date", "git_sha"} <= set(res)
+    manifest = json.loads((REPO / "zoo/checkpoints/micro/zoo.json").read_text())
+    keys = {f"micro/{m['name']}" for m in manifest["models"] if m["role"] == "target"}
+    assert set(res["targets"]) == set(res["baseline"]) == keys
+    for row in res["targets"].values():
+        assert row["prompts"] == 2 and 0 <= row["parse_rate"] <= 1 and 0 <= row["loop_rate"] <= 1
+        assert 0 < row["heldout_bpb"] < 8 and row["heldout_nat_per_token"] > 0  # trained: below a uniform byte
