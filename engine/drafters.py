@@ -229,7 +229,7 @@ class FeatureDrafter(Drafter):
     def observe(self, committed, next_tokens, feats):
         x = self.net.rows(torch.tensor([next_tokens], device=feats.device),
                           self.net.fc_feat(feats.to(self.head.dtype))[None], self.emb)
-        h, logits = self.net(x, self.head, self.cache)
+        h, logits = self.net(x, self.head, self.cache, logits_from=x.shape[1] - 1)  # only the newest row's are used
         self.cache.commit(len(next_tokens))
         self.last_hidden, self.last_logits = h[:, -1:], logits[0, -1]
         self.newest = next_tokens[-1]
