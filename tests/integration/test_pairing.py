@@ -57,7 +57,7 @@ def test_one_device_interleaves_abba():
 
 
 def test_a_worker_that_cannot_start_is_reported_with_its_output():
-    with pytest.raises(RuntimeError, match="worker exited") as e:
+    with pytest.raises(RuntimeError, match="worker on cpu:0 could not load the system") as e:
         SystemProcess({"target": "/nonexistent", "mode": "ar"}, "cpu:0", timeout=120)
     assert "nonexistent" in str(e.value)
 
