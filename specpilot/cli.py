@@ -129,12 +129,16 @@ def read_generated(path, strict: bool = True) -> list[dict] | None:
                 if not strict:
                     return None
                 raise ValueError(f"{path}:{n}: not JSON ({e.msg}); expected generate --out lines") from None
-    if not isinstance(rows, list) or not all(isinstance(r, dict) and {"id", "prompt_ids", "tokens"} <= r.keys()
-                                             for r in rows):
+    need = {"id", "prompt_ids", "tokens"}
+    bad = ([(1, rows)] if not isinstance(rows, list)
+           else [(n, r) for n, r in enumerate(rows, 1) if not isinstance(r, dict) or not need <= r.keys()])
+    if bad:
         if not strict:
             return None
-        raise ValueError(f'{path}: expected generate --json output or JSON lines of {{"id", "prompt_ids", '
-                         '"tokens"}}, as `specpilot generate --out FILE` writes them')
+        n, row = bad[0]
+        what = f"missing {', '.join(sorted(need - row.keys()))}" if isinstance(row, dict) else "not an object"
+        raise ValueError(f'{path}:{n}: {what}; expected generate --json output or JSON lines of {{"id", "prompt_ids", '
+                         '"tokens"}, as `specpilot generate --out FILE` writes them')
     return rows
 
 
