@@ -255,7 +255,7 @@ def check_system(target, drafter: str | None = None, force_drafter: bool = False
     hint = "; pass --force-drafter to use it anyway"
     d = read_config(folder)
     if "SpecPilotDrafter" in (d.get("architectures") or []):
-        from .drafters import DraftConfig, FeatureDrafterNet
+        from .drafters import DraftConfig, FeatureDrafterNet, misfit
 
         cfg = DraftConfig.from_hf(d, str(folder / "config.json"))
         with torch.device("meta"):
@@ -264,13 +264,8 @@ def check_system(target, drafter: str | None = None, force_drafter: bool = False
         if len(given.get("mask_embedding", ())) == 1 and "mask_embedding" in expected:  # older: one shared row
             given["mask_embedding"] = expected["mask_embedding"]
         check_names_shapes(expected, given, folder)
-        if (cfg.vocab_size, cfg.target_hidden_size) != (tcfg.vocab_size, tcfg.hidden_size) \
-                or max(cfg.target_layers) >= tcfg.num_hidden_layers:
-            raise CheckpointError(
-                f"{folder}: this {cfg.kind} drafter (vocab_size {cfg.vocab_size}, target_hidden_size "
-                f"{cfg.target_hidden_size}, target_layers {cfg.target_layers}) does not fit the target {target} "
-                f"(vocab_size {tcfg.vocab_size}, hidden_size {tcfg.hidden_size}, {tcfg.num_hidden_layers} layers); "
-                "use the drafter trained for this target")
+        if why := misfit(cfg, tcfg, f"the target {target}"):
+            raise CheckpointError(f"{folder}: {why}")
     else:
         dcfg = check_model(folder)
         if dcfg.vocab_size != tcfg.vocab_size and not force_drafter:

@@ -204,16 +204,23 @@ class Drafter:
     def propose(self, m: int) -> Lattice: ...
 
 
+def misfit(c: DraftConfig, t, target: str = "this target") -> str | None:
+    """Why a feature drafter cannot run on a target (it shares the target's embedding and LM head and reads
+    its hidden features at target_layers), or None when it fits."""
+    if (c.vocab_size, c.hidden_size, c.target_hidden_size) == (t.vocab_size, t.hidden_size, t.hidden_size) \
+            and max(c.target_layers) < t.num_hidden_layers:
+        return None
+    return (f"this {c.kind} drafter (vocab_size {c.vocab_size}, hidden_size {c.hidden_size}, target_hidden_size "
+            f"{c.target_hidden_size}, target_layers {c.target_layers}) does not fit {target} (vocab_size "
+            f"{t.vocab_size}, hidden_size {t.hidden_size}, {t.num_hidden_layers} layers); use the drafter trained "
+            "for this target")
+
+
 class FeatureDrafter(Drafter):
     def __init__(self, net: FeatureDrafterNet, target: Model):
-        c, t = net.cfg, target.cfg
-        if (c.vocab_size, c.hidden_size, c.target_hidden_size) != (t.vocab_size, t.hidden_size, t.hidden_size) \
-                or max(c.target_layers) >= t.num_hidden_layers:
-            raise CheckpointError(
-                f"drafter (vocab_size {c.vocab_size}, hidden_size {c.hidden_size}, target_hidden_size "
-                f"{c.target_hidden_size}, target_layers {c.target_layers}) does not fit this target (vocab_size "
-                f"{t.vocab_size}, hidden_size {t.hidden_size}, {t.num_hidden_layers} layers) — use the drafter "
-                "trained for this target")
+        c = net.cfg
+        if why := misfit(c, target.cfg):
+            raise CheckpointError(why)
         self.net, self.kind = net, c.kind
         self.emb, self.head = target.model.embed_tokens.weight, target.lm_head_weight
         self.target_layers = tuple(c.target_layers)
