@@ -10,6 +10,9 @@
             token forcing of the fastest against stock (bf16, float32 scorer) on the first 32.
   hf        Transformers on the same checkpoint and the first 32 prompts: eager generate, assisted
             generation with the zoo's draft LM, prompt lookup.
+  tree-memory  the zoo small hybrid shape (random bf16): peak memory one best-first tree pass of
+            16 / 32 / 63 nodes allocates (torch.cuda.max_memory_allocated), static path and eager
+            driver — also part of small-shape, alone here because it needs a quiet GPU only for timing.
   merge     the parts → one result with the derived ratios (spec_over_ar, over_hf_assisted).
 
   python bench/gpu_fastpath.py eight-b --out /tmp/eight_b.json
@@ -206,6 +209,17 @@ def part_small_shape(args) -> dict:
     return out
 
 
+def part_tree_memory(args) -> dict:
+    from specpilot.engine.synthetic import randomize
+    from specpilot.zoo.build import PRESETS, target_config
+
+    tgt = randomize(Model(target_config(PRESETS["small"], True)), 0).to(device="cuda", dtype=torch.bfloat16).eval()
+    out = {}
+    for nodes in (16, 32, 63):
+        out |= tree_pass_memory(tgt, list(range(100, 164)), nodes)
+    return out
+
+
 def tree_pass_memory(tgt: Model, prompt: list[int], nodes: int = 32) -> dict:
     """Peak bytes allocated by one verify pass of a best-first tree of `nodes` nodes (+ root) over
     the committed prompt, static path (tree form) and eager driver (a state per root-path position)."""
@@ -384,7 +398,7 @@ def part_merge(args) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("part", choices=("eight-b", "small-shape", "small", "hf", "merge"))
+    ap.add_argument("part", choices=("eight-b", "small-shape", "tree-memory", "small", "hf", "merge"))
     ap.add_argument("parts", nargs="*", help="merge: the part files")
     ap.add_argument("--out", required=True)
     ap.add_argument("--zoo", help="a built zoo set (small): its dense target and drafters")
@@ -397,7 +411,7 @@ def main() -> int:
     if args.part != "merge" and not torch.cuda.is_available():
         print("bench/gpu_fastpath.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    fn = {"eight-b": part_eight_b, "small-shape": part_small_shape, "small": part_small, "hf": part_hf,
+    fn = {"eight-b": part_eight_b, "small-shape": part_small_shape, "tree-memory": part_tree_memory, "small": part_small, "hf": part_hf,
           "merge": part_merge}[args.part]
     t = time.perf_counter()
     res = fn(args)
