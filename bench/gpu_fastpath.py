@@ -220,6 +220,7 @@ def part_tree_memory(args) -> dict:
     return out
 
 
+@torch.no_grad()
 def tree_pass_memory(tgt: Model, prompt: list[int], nodes: int = 32) -> dict:
     """Peak bytes allocated by one verify pass of a best-first tree of `nodes` nodes (+ root) over
     the committed prompt, static path (tree form) and eager driver (a state per root-path position)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 import weakref
 
 import torch
@@ -233,7 +234,17 @@ class FastDecoder:
         side = torch.cuda.Stream(self.dev)
         side.wait_stream(torch.cuda.current_stream(self.dev))
         with torch.cuda.stream(side), torch.no_grad():
-            for _ in range(3):  # compiles, warms up kernels and the allocator
+            try:
+                self.fn()  # compiles
+            except Exception as e:  # noqa: BLE001 — a compiler failure costs speed, never the decode
+                if not self.compile:
+                    raise
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                warnings.warn(f"torch.compile failed for this step ({type(e).__name__}: {first[:200]}); "
+                              "the step runs uncompiled in its CUDA graph", RuntimeWarning, stacklevel=2)
+                self.compile, self.fn = False, self._step
+                self._prefill([0])
+            for _ in range(2):  # warms up kernels and the allocator
                 self.fn()
         torch.cuda.current_stream(self.dev).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()

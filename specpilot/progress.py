@@ -15,16 +15,21 @@ import time
 
 
 class LineProgress:
-    """tqdm's small interface (update, close, context manager) as plain lines."""
+    """tqdm's small interface (update, set_postfix, close, context manager) as plain lines."""
 
     def __init__(self, total: int | None, desc: str, unit: str, file, every_s: float, disable: bool):
         self.total, self.desc, self.unit, self.file, self.every_s = total, desc, unit, file, every_s
         self.disable, self.n, self.t0, self.last, self.shown = disable, 0, time.monotonic(), None, 0
+        self.postfix = ""
 
     def _line(self) -> None:
         of = f"/{self.total}" if self.total is not None else ""
-        print(f"{self.desc}: {self.n}{of} {self.unit} ({time.monotonic() - self.t0:.0f} s)", file=self.file,
-              flush=True)
+        print(f"{self.desc}: {self.n}{of} {self.unit} ({time.monotonic() - self.t0:.0f} s){self.postfix}",
+              file=self.file, flush=True)
+        self.last, self.shown = time.monotonic(), self.n
+
+    def set_postfix(self, **values) -> None:
+        self.postfix = "".join(f", {k}={v}" for k, v in values.items())
         self.last, self.shown = time.monotonic(), self.n
 
     def update(self, n: int = 1) -> None:

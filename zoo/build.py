@@ -11,6 +11,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from queue import Empty
 
 import torch
 
@@ -70,6 +71,7 @@ class Recipe:
     # fraction of the distillation prompts cut like the workloads (signature + docstring of a
     # documented function, from TRAIN-split modules only); the rest are random corpus windows
     workload_prompts: float = 0.0
+    workload_files: float = 1.0  # stable share of the training files searched for those prompts
     gen_batch: int = 128  # prompts per batched greedy-continuation pass (large on a GPU)
     anchors: int = 4  # blocks per training sequence (block kinds)
     store_dtype: str = "bfloat16"
@@ -99,15 +101,16 @@ PRESETS = {
                     distill_seqs=768, prompt_len=32, gen_len=128,
                     drafter_steps=300, drafter_batch=16, drafter_lr=2e-3, draft_lm_steps=300,
                     block_steps=400, block_lr=3e-3, workload_prompts=0.5),
-    # targets see the corpus once (300 × 32 × 256 tokens ≈ its 2.4 M): a second pass made the
-    # hybrid memorise (train loss 2.2 vs held-out 4.7) and its greedy HumanEval text unpredictable
+    # code corpus (48.7 M training tokens): the targets see two thirds of it once (1000 × 64 × 512
+    # tokens; a 512-token context covers HumanEval prompts plus their completions), the draft LM
+    # its distillation data about three times (100 × 64 × 512); the two roles build side by side
     "small": Recipe("small", vocab=16384, target=Shape(512, 8, 8, 4, 1536), draft_lm=Shape(192, 2, 4, 2, 512),
-                    target_steps=300, target_batch=32, seq=256, target_lr=1.5e-3,
+                    target_steps=1000, target_batch=64, seq=512, target_lr=3e-3,
                     distill_seqs=4096, prompt_len=64, gen_len=192,
                     drafter_steps=1200, drafter_batch=64, sequential_batch=32, drafter_lr=1e-3, anchors=8, block_layers=2,
-                    draft_lm_steps=400, eval_prompts=8, eval_new_tokens=64, markov_rank=64, markov_steps=600,
-                    markov_lr=3e-3,
-                    workload_prompts=0.5, gen_batch=512, corpus="code", tokenizer_sample=0.25),
+                    draft_lm_steps=100, eval_prompts=8, eval_new_tokens=64, markov_rank=64, markov_steps=600,
+                    markov_lr=3e-3, workload_prompts=0.5, workload_files=0.1, gen_batch=512, corpus="code",
+                    tokenizer_sample=0.25),
     # a seconds-long build of the whole pipeline for the test suite
     "nano": Recipe("nano", vocab=300, target=Shape(32, 2, 2, 1, 64), draft_lm=Shape(32, 1, 2, 1, 64),
                    target_steps=12, target_batch=4, seq=32, target_lr=3e-3,
@@ -300,104 +303,149 @@ def prepare(r: Recipe, log=print) -> Inputs:
     train_ids, held_ids = encode_docs(tok, corpus.train), encode_docs(tok, corpus.heldout)
     log(f"tokenizer: vocab {tok.get_vocab_size()}, {len(train_ids)} train / {len(held_ids)} held-out tokens")
     return Inputs(corpus, tok, train_ids, held_ids, eval_prompts(r, tok),
-                  workload_like_prompts(tok, corpus.train) if r.workload_prompts else [], tokenizer_s)
+                  workload_like_prompts(tok, corpus_mod.subsample(corpus.train, r.workload_files)) if r.workload_prompts else [], tokenizer_s)
 
 
-def build(preset: str, out: Path, device: str = "cpu", log=print, roles: tuple[str, ...] = ("dense", "hybrid")) -> dict:
+def build_role(r: Recipe, role: str, inp: Inputs, out: Path, device: str, log, t_all: float) -> tuple[list, dict]:
+    """One target (dense or hybrid) and every drafter of it, saved under `out`; returns (its
+    manifest entries, its timings). Seeded per role: the result does not depend on what else runs."""
+    torch.manual_seed(r.seed + (role == "hybrid"))
+    hybrid, sdt = role == "hybrid", getattr(torch, r.store_dtype)
+    tok, train_ids, held_ids = inp.tok, inp.train_ids, inp.held_ids
+    byte_len = torch.tensor(tok_mod.byte_lengths(tok))
+    timings: dict[str, float] = {}
+    models = []
+    t = time.perf_counter()
+    target = train_target(r, hybrid, train_ids, device, log)
+    cfg = target.cfg
+    timings[f"{role}_target_s"] = time.perf_counter() - t
+    loss, bpb = train.heldout_eval(target, held_ids, r.seq, 64, r.seed + 3, device, byte_len)
+    log(f"  {role} target: {params(target) / 1e6:.2f} M parameters, held-out loss {loss:.3f} nat/token, "
+        f"{bpb:.3f} bits/byte")
+    save_model(target, out / role, dtype=sdt)
+    tok_mod.save(tok, out / role)
+    target = as_stored(target, sdt)
+    entry = {"name": role, "path": role, "role": "target", "kind": cfg.family, "target": None,
+             "params": params(target), "heldout_loss": loss, "heldout_bpb": bpb, "tau": None}
+    models.append(entry)
+
+    # distillation data: the target's greedy continuations of corpus prompts
+    t = time.perf_counter()
+    seqs, feats = distillation_data(r, target, train_ids, inp.fn_prompts, device)
+    timings[f"{role}_distill_data_s"] = time.perf_counter() - t
+
+    log(f"  [{time.perf_counter() - t_all:.0f} s] {role} target {timings[f'{role}_target_s']:.1f} s, "
+        f"distillation data {timings[f'{role}_distill_data_s']:.1f} s")
+    t = time.perf_counter()
+    conts = eval_continuations(r, target, inp.prompts)
+    timings[f"{role}_eval_continuations_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    taus = {"ngram": {k: measure_tau(target, NgramDrafter(), c, r.block) for k, c in conts.items()}}
+    timings[f"{role}_ngram_tau_s"] = time.perf_counter() - t
+    block = None  # the block drafter as shipped: the block + Markov drafter's frozen body
+    for kind in KINDS:
+        t = time.perf_counter()
+        steps, batch, lr = r.training(kind)
+        net = train.train_drafter(drafter_config(r, kind, cfg), target, seqs, feats, r.prompt_len,
+                                  steps, batch, lr, r.seed + 5, f"{role} {kind} drafter", log,
+                                  anchors=r.anchors, body=block)
+        timings[f"{role}_{kind}_s"] = time.perf_counter() - t
+        name = f"{role}-{kind.replace('_', '-')}"
+        save_drafter(net, out / name, dtype=sdt)
+        net = as_stored(net, sdt)
+        if kind == "block":
+            block = net
+        t = time.perf_counter()
+        taus[kind] = {k: measure_tau(target, FeatureDrafter(net, target), c, r.block) for k, c in conts.items()}
+        timings[f"{role}_{kind}_tau_s"] = time.perf_counter() - t
+        log(f"  [{time.perf_counter() - t_all:.0f} s] {role} {kind}: train {timings[f'{role}_{kind}_s']:.1f} s, "
+            f"τ {timings[f'{role}_{kind}_tau_s']:.1f} s")
+        models.append({"name": name, "path": name, "role": "drafter", "kind": kind, "target": role,
+                       "params": params(net), "heldout_loss": None, "tau": taus[kind]})
+
+    # the classic standalone draft model, trained on the same greedy continuations
+    t = time.perf_counter()
+    lm = randomize(Model(draft_lm_config(r)), r.seed + 6).to(device)
+    train.train_lm(lm, seqs.flatten(), r.draft_lm_steps, r.target_batch, r.seq, r.target_lr, r.seed + 7,
+                   f"{role} draft LM", log, device)
+    timings[f"{role}_draft_lm_s"] = time.perf_counter() - t
+    name = f"{role}-draft-lm"
+    lm_loss, lm_bpb = train.heldout_eval(lm, held_ids, r.seq, 64, r.seed + 3, device, byte_len)
+    save_model(lm, out / name, dtype=sdt)
+    tok_mod.save(tok, out / name)
+    lm = as_stored(lm, sdt)
+    t = time.perf_counter()
+    taus["draft_lm"] = {k: measure_tau(target, DraftLM(lm), c, r.block) for k, c in conts.items()}
+    timings[f"{role}_draft_lm_tau_s"] = time.perf_counter() - t
+    log(f"  [{time.perf_counter() - t_all:.0f} s] {role} draft LM: train {timings[f'{role}_draft_lm_s']:.1f} s, "
+        f"τ {timings[f'{role}_draft_lm_tau_s']:.1f} s")
+    models.append({"name": name, "path": name, "role": "drafter", "kind": "draft_lm", "target": role,
+                   "params": params(lm), "heldout_loss": lm_loss, "heldout_bpb": lm_bpb, "tau": taus["draft_lm"]})
+    entry["tau"] = {"ngram": taus["ngram"]}
+    for kind, v in taus.items():
+        log(f"  τ with {role} {kind:13s} humaneval {v['humaneval']:.2f}  stdlib {v['stdlib']:.2f}")
+    return models, timings
+
+
+_FORKED: tuple = ()  # what forked role builds inherit (set just before the fork; nothing is pickled)
+
+
+def _role_process(role: str, queue) -> None:
+    r, inp, out, device, log, t_all = _FORKED
+    try:
+        queue.put((role, build_role(r, role, inp, out, device, log, t_all), None))
+    except BaseException as e:  # noqa: BLE001 — reported to the parent, which raises it
+        queue.put((role, None, f"{type(e).__name__}: {e}"))
+
+
+def build(preset: str, out: Path, device: str = "cpu", log=print, roles: tuple[str, ...] = ("dense", "hybrid"),
+          parallel: bool | None = None) -> dict:
     """Build every model of a preset (of the given target roles) into `out`; returns (and writes)
-    the manifest."""
+    the manifest. With `parallel` (default: on a GPU), the roles build side by side in forked
+    processes sharing the device — the GPU has room for both small pipelines at once."""
+    global _FORKED
     r = PRESETS[preset]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(r.seed)
     t_all = time.perf_counter()
-    timings: dict[str, float] = {}
     inp = prepare(r, log)
-    corpus, tok, train_ids, held_ids, prompts, fn_prompts = (inp.corpus, inp.tok, inp.train_ids, inp.held_ids,
-                                                             inp.prompts, inp.fn_prompts)
-    timings["tokenizer_s"] = inp.tokenizer_s
-    sdt = getattr(torch, r.store_dtype)
-    byte_len = torch.tensor(tok_mod.byte_lengths(tok))
-    models = []
+    timings: dict[str, float] = {"tokenizer_s": inp.tokenizer_s, "prepare_s": time.perf_counter() - t_all}
+    jobs = [role for role in ("dense", "hybrid") if role in roles]
+    parallel = device != "cpu" if parallel is None else parallel
+    if parallel and len(jobs) > 1:
+        import multiprocessing as mp
 
-    for role, hybrid in (("dense", False), ("hybrid", True)):
-        if role not in roles:
-            continue
-        t = time.perf_counter()
-        target = train_target(r, hybrid, train_ids, device, log)
-        cfg = target.cfg
-        timings[f"{role}_target_s"] = time.perf_counter() - t
-        loss, bpb = train.heldout_eval(target, held_ids, r.seq, 64, r.seed + 3, device, byte_len)
-        log(f"  {role} target: {params(target) / 1e6:.2f} M parameters, held-out loss {loss:.3f} nat/token, "
-            f"{bpb:.3f} bits/byte")
-        save_model(target, out / role, dtype=sdt)
-        tok_mod.save(tok, out / role)
-        target = as_stored(target, sdt)
-        entry = {"name": role, "path": role, "role": "target", "kind": cfg.family, "target": None,
-                 "params": params(target), "heldout_loss": loss, "heldout_bpb": bpb, "tau": None}
-        models.append(entry)
-
-        # distillation data: the target's greedy continuations of corpus prompts
-        t = time.perf_counter()
-        seqs, feats = distillation_data(r, target, train_ids, fn_prompts, device)
-        timings[f"{role}_distill_data_s"] = time.perf_counter() - t
-
-        log(f"  [{time.perf_counter() - t_all:.0f} s] {role} target {timings[f'{role}_target_s']:.1f} s, "
-            f"distillation data {timings[f'{role}_distill_data_s']:.1f} s")
-        t = time.perf_counter()
-        conts = eval_continuations(r, target, prompts)
-        timings[f"{role}_eval_continuations_s"] = time.perf_counter() - t
-        t = time.perf_counter()
-        taus = {"ngram": {k: measure_tau(target, NgramDrafter(), c, r.block) for k, c in conts.items()}}
-        timings[f"{role}_ngram_tau_s"] = time.perf_counter() - t
-        block = None  # the block drafter as shipped: the block + Markov drafter's frozen body
-        for kind in KINDS:
-            t = time.perf_counter()
-            steps, batch, lr = r.training(kind)
-            net = train.train_drafter(drafter_config(r, kind, cfg), target, seqs, feats, r.prompt_len,
-                                      steps, batch, lr, r.seed + 5, f"{role} {kind} drafter", log,
-                                      anchors=r.anchors, body=block)
-            timings[f"{role}_{kind}_s"] = time.perf_counter() - t
-            name = f"{role}-{kind.replace('_', '-')}"
-            save_drafter(net, out / name, dtype=sdt)
-            net = as_stored(net, sdt)
-            if kind == "block":
-                block = net
-            t = time.perf_counter()
-            taus[kind] = {k: measure_tau(target, FeatureDrafter(net, target), c, r.block) for k, c in conts.items()}
-            timings[f"{role}_{kind}_tau_s"] = time.perf_counter() - t
-            log(f"  [{time.perf_counter() - t_all:.0f} s] {role} {kind}: train {timings[f'{role}_{kind}_s']:.1f} s, "
-                f"τ {timings[f'{role}_{kind}_tau_s']:.1f} s")
-            models.append({"name": name, "path": name, "role": "drafter", "kind": kind, "target": role,
-                           "params": params(net), "heldout_loss": None, "tau": taus[kind]})
-
-        # the classic standalone draft model, trained on the same greedy continuations
-        t = time.perf_counter()
-        lm = randomize(Model(draft_lm_config(r)), r.seed + 6).to(device)
-        flat = seqs.flatten()
-        train.train_lm(lm, flat, r.draft_lm_steps, r.target_batch, r.seq, r.target_lr, r.seed + 7,
-                       f"{role} draft LM", log, device)
-        timings[f"{role}_draft_lm_s"] = time.perf_counter() - t
-        name = f"{role}-draft-lm"
-        lm_loss, lm_bpb = train.heldout_eval(lm, held_ids, r.seq, 64, r.seed + 3, device, byte_len)
-        save_model(lm, out / name, dtype=sdt)
-        tok_mod.save(tok, out / name)
-        lm = as_stored(lm, sdt)
-        t = time.perf_counter()
-        taus["draft_lm"] = {k: measure_tau(target, DraftLM(lm), c, r.block) for k, c in conts.items()}
-        timings[f"{role}_draft_lm_tau_s"] = time.perf_counter() - t
-        log(f"  [{time.perf_counter() - t_all:.0f} s] {role} draft LM: train {timings[f'{role}_draft_lm_s']:.1f} s, "
-            f"τ {timings[f'{role}_draft_lm_tau_s']:.1f} s")
-        models.append({"name": name, "path": name, "role": "drafter", "kind": "draft_lm", "target": role,
-                       "params": params(lm), "heldout_loss": lm_loss, "heldout_bpb": lm_bpb, "tau": taus["draft_lm"]})
-        entry["tau"] = {"ngram": taus["ngram"]}
-        for kind, v in taus.items():
-            log(f"  τ with {role} {kind:13s} humaneval {v['humaneval']:.2f}  stdlib {v['stdlib']:.2f}")
-
+        ctx = mp.get_context("fork")  # before any CUDA call in this process: prepare() stays on the CPU
+        queue, _FORKED = ctx.Queue(), (r, inp, out, device, log, t_all)
+        procs = [ctx.Process(target=_role_process, args=(role, queue)) for role in jobs]
+        for pr in procs:
+            pr.start()
+        done: dict[str, tuple] = {}
+        while len(done) < len(procs):
+            try:
+                role, res, err = queue.get(timeout=5)
+                done[role] = (res, err)
+            except Empty:  # a process that died without a word (killed, out of memory) ends the wait
+                for role, pr in zip(jobs, procs):
+                    if role not in done and not pr.is_alive() and queue.empty():
+                        done[role] = (None, f"its process ended with exit code {pr.exitcode}")
+        for pr in procs:
+            pr.join()
+        _FORKED = ()
+        errors = [f"{role}: {err}" for role, (_, err) in done.items() if err]
+        if errors:
+            raise RuntimeError("zoo build failed — " + "; ".join(errors))
+        results = [done[role][0] for role in jobs]
+    else:
+        results = [build_role(r, role, inp, out, device, log, t_all) for role in jobs]
+    models = [m for ms, _ in results for m in ms]
+    for _, t in results:
+        timings |= t
     timings["total_s"] = time.perf_counter() - t_all
-    manifest = {"preset": preset, "recipe": dataclasses.asdict(r), "seed": r.seed, "corpus_sha256": corpus.sha256,
-                "corpus_tokens": {"train": len(train_ids), "heldout": len(held_ids)},
-                "python_version": corpus.python_version, "device": device, "torch": torch.__version__,
+    manifest = {"preset": preset, "recipe": dataclasses.asdict(r), "seed": r.seed, "corpus_sha256": inp.corpus.sha256,
+                "corpus_tokens": {"train": len(inp.train_ids), "heldout": len(inp.held_ids)},
+                "python_version": inp.corpus.python_version, "device": device, "torch": torch.__version__,
+                "parallel_roles": bool(parallel and len(jobs) > 1),
                 "tau_measure": {"mode": "chain", "draft_len": r.block, "prompts": r.eval_prompts,
                                 "new_tokens": r.eval_new_tokens, "dtype": "float32",
                                 "method": "drafter replayed on the AR continuation"},

@@ -21,11 +21,11 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from specpilot.engine.drafters import DraftConfig, FeatureDrafterNet
 from specpilot.engine.model import Model
 from specpilot.engine.synthetic import randomize
+from specpilot.progress import progress_bar
 
 from .realism import bits_per_byte
 
@@ -48,8 +48,8 @@ def fit(params, steps: int, lr: float, loss_fn: Callable[[int], torch.Tensor], d
     cuda = params[0].is_cuda
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01, fused=cuda)
     warmup, tail = max(1, steps // 20), []
-    bar = tqdm(range(steps), desc=desc, unit="step", disable=not progress, leave=False)
-    for step in bar:
+    bar = progress_bar(steps, desc, "step", disable=not progress, leave=False)
+    for step in range(steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, lr, warmup)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
@@ -62,6 +62,8 @@ def fit(params, steps: int, lr: float, loss_fn: Callable[[int], torch.Tensor], d
             tail.append(loss.detach())
         if step % 50 == 0:  # the only host read of the loss while training: the GPU runs ahead
             bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
+        bar.update(1)
+    bar.close()
     final = float(torch.stack(tail).mean())
     if log:
         log(f"  {desc}: {steps} steps, final loss {final:.3f}")

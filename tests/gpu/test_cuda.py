@@ -95,3 +95,20 @@ def test_one_host_read_per_step(kind, monkeypatch):
     d2h = [e for e in prof.events() if "DtoH" in e.name or "Device -> Host" in e.name]
     pipelined = 1 if kind != "ngram" else 0  # the step launched past the end copies its result too
     assert len(d2h) == 1 + len(res.steps) + pipelined, sorted({e.name for e in prof.events()})[:40]
+
+
+def test_compiler_failure_falls_back_to_the_uncompiled_step(monkeypatch):
+    """A torch.compile that fails at the first call (as inductor did for one hybrid shape) costs
+    the speed of compiling, not the decode: one warning, then the same tokens as AR."""
+    def broken(fn, **_):
+        def call(*a, **k):
+            raise RuntimeError("inductor: The argument '-1 + ((0))' is not comparable")
+        return call
+
+    monkeypatch.setattr(torch, "compile", broken)
+    tgt = random_model(tiny_config("hybrid", vocab=53), seed=6, dtype=torch.float64, device="cuda")
+    with pytest.warns(RuntimeWarning, match="torch.compile failed"):
+        dec = FastDecoder(tgt, drafter("block_markov", tgt, seed=8), 8, make_policy("best-first:24"), max_len=256,
+                          graphs=True, compile=True)
+    for prompt in PROMPTS:
+        assert dec.generate(prompt, 48).tokens == cpu_ar("hybrid", 6, 53, prompt, 48)

@@ -42,13 +42,13 @@ def test_stdlib_prompts_come_only_from_heldout_modules(stdlib_requests):
 
 def test_stdlib_prompts_end_right_after_a_docstring(stdlib_requests):
     for r in stdlib_requests:
-        assert r.prompt.endswith("\n") and r.prompt.lstrip().startswith(("def ", "async def ", "class "))
+        assert r.prompt.endswith(('"', "'")) and r.prompt.lstrip().startswith(("def ", "async def ", "class "))
         tree = ast.parse(r.prompt)  # every prompt is valid Python on its own
         fn = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
         assert len(fn) == 1, r.id
         (doc,) = fn[0].body  # the body is exactly the docstring
         assert isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)
-        assert r.prompt[:-1].endswith(ast.get_source_segment(r.prompt, doc)), r.id
+        assert r.prompt.endswith(ast.get_source_segment(r.prompt, doc)), r.id
 
 
 def test_stdlib_order_is_deterministic_and_spread(stdlib_requests):
@@ -82,8 +82,8 @@ def test_function_prompts_edge_cases():
     )
     got = W.function_prompts(source)
     assert got == [
-        (3, "top", "def top(a, b='é'):  # comment\n    '''Doc with ünïcode.'''\n"),
-        (10, "Simple.meth", 'class Simple(Base):\n    async def meth(self):\n        """Multi\n        line."""\n'),
+        (3, "top", "def top(a, b='é'):  # comment\n    '''Doc with ünïcode.'''"),
+        (10, "Simple.meth", 'class Simple(Base):\n    async def meth(self):\n        """Multi\n        line."""'),
     ]
 
 
