@@ -460,7 +460,30 @@ def list_models(roots: list[Path] | None = None) -> list[dict]:
     rows = []
     for root in roots or [SHIPPED]:
         for manifest in sorted(Path(root).glob("**/zoo.json")):
-            m = json.loads(manifest.read_text())
-            for e in m["models"]:
-                rows.append({**e, "path": str(manifest.parent / e["path"]), "preset": m["preset"]})
+            rows += manifest_rows(manifest)
+    return rows
+
+
+MODEL_FIELDS = {"name": str, "path": str, "role": str, "kind": str, "params": int}
+
+
+def manifest_rows(manifest: Path) -> list[dict]:
+    """The models of one zoo.json, checked: a broken manifest is a ValueError naming the file and
+    what is wrong in it (the fields `zoo list` shows: name, path, role, kind, params)."""
+    try:
+        m = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{manifest}: not a readable JSON manifest ({e})") from None
+    models = m.get("models") if isinstance(m, dict) else None
+    if not isinstance(models, list) or not isinstance(m.get("preset"), str):
+        raise ValueError(f"{manifest}: expected an object with \"preset\" (text) and \"models\" (a list); "
+                         "rebuild it with specpilot zoo build")
+    rows = []
+    for i, e in enumerate(models):
+        bad = [k for k, t in MODEL_FIELDS.items() if not isinstance(e.get(k), t)] if isinstance(e, dict) \
+            else ["everything (not an object)"]
+        if bad:
+            raise ValueError(f"{manifest}: models[{i}] lacks or mistypes {', '.join(bad)}")
+        rows.append({"target": None, "heldout_loss": None, "tau": None, **e,
+                     "path": str(manifest.parent / e["path"]), "preset": m["preset"]})
     return rows

@@ -205,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per pytest run (default 600)")
     ap.add_argument("--list", action="store_true", help="list the mutations and exit")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    ap.add_argument("--out", metavar="FILE", help="also write the results as JSON, with command, date and commit")
     a = ap.parse_args(argv)
     known = {m.name: m for m in MUTATIONS}
     if a.list:
@@ -244,9 +245,17 @@ def main(argv: list[str] | None = None) -> int:
             results.append(row)
     finally:
         shutil.rmtree(root.parent, ignore_errors=True)
+    doc = {"mutations": results, "seeds": a.seeds, "property_only": a.property_only, "all_caught": ok}
+    if a.out:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True).stdout.strip()
+        head = {"command": " ".join(["python", "tests/mutations/run.py", *(argv if argv is not None else sys.argv[1:])]),
+                "device": f"cpu ({os.cpu_count()} cores)", "date": time.strftime("%Y-%m-%d"),
+                "git_sha": sha.stdout.strip() + ("+dirty" if dirty else "")}
+        Path(a.out).write_text(json.dumps(head | doc, indent=1) + "\n")
     if a.json:
-        print(json.dumps({"mutations": results, "seeds": a.seeds, "property_only": a.property_only,
-                          "all_caught": ok}, indent=1))
+        print(json.dumps(doc, indent=1))
     else:
         width = max(len(m["mutation"]) for m in results)
         print("\n" + " " * width + "  " + " ".join(f"{s:>2}" for s in a.seeds))

@@ -231,3 +231,16 @@ def test_an_unreadable_tokenizer_is_refused_before_work(pair, tmp_path, capsys):
                  ["costmodel", "--target", str(bad), "--drafter", "ngram"]):
         msg = one_line_error(capsys, argv)
         assert "tokenizer.json" in msg, (argv, msg)
+
+
+@pytest.mark.parametrize("text, culprit", [
+    ("{", "not a readable JSON manifest"),
+    ('{"preset": "x"}', '"models"'),
+    ('{"preset": "x", "models": [{"name": "a", "path": "a", "role": "target", "kind": "qwen3"}]}', "models[0]"),
+    ('{"preset": "x", "models": ["a"]}', "models[0]"),
+])
+def test_broken_zoo_manifest(tmp_path, capsys, text, culprit):
+    (tmp_path / "set").mkdir()
+    (tmp_path / "set" / "zoo.json").write_text(text)
+    msg = one_line_error(capsys, ["zoo", "list", "--dir", str(tmp_path)])
+    assert "zoo.json" in msg and culprit in msg
