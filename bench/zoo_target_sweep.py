@@ -32,8 +32,9 @@ from specpilot.zoo import tokenizer as tok_mod  # noqa: E402
 from specpilot.zoo import train, workloads  # noqa: E402
 
 
-def step_seconds(r: B.Recipe, hybrid: bool, train_ids: torch.Tensor, device: str, steps: int = 12) -> float:
-    """Seconds per training step at the recipe's shape: `steps` steps after `steps` warm-up ones."""
+def step_seconds(r: B.Recipe, hybrid: bool, train_ids: torch.Tensor, device: str, steps: int = 12) -> tuple[float, float]:
+    """(seconds per training step at the recipe's shape, seconds of the first `steps` steps — the
+    warm-up, compiling included): the step time is the difference of `2 × steps` and `steps` runs."""
     def run(n):
         q = dataclasses.replace(r, target_steps=n)
         if device == "cuda":
@@ -43,35 +44,55 @@ def step_seconds(r: B.Recipe, hybrid: bool, train_ids: torch.Tensor, device: str
         if device == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - t
-    run(steps)  # warm-up: allocator, kernels, autotuning
-    return (run(2 * steps) - run(steps)) / steps
+    warmup = run(steps)  # allocator, kernels, autotuning, compiling
+    return (run(2 * steps) - run(steps)) / steps, warmup
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--preset", default="small")
-    ap.add_argument("--role", choices=("dense", "hybrid"), default="dense")
+    ap.add_argument("--role", choices=("dense", "hybrid"), action="append",
+                    help="the target to train (default dense); with --time-only, repeat it to time several")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a recipe field")
     ap.add_argument("--budget-s", type=float, help="training time to fit the step count into")
     ap.add_argument("--prompts", type=int, default=164)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--keep", help="folder to save the trained target in (default: out/target_sweep/ROLE)")
+    ap.add_argument("--time-only", action="store_true", help="only time the steps (no training run, no measures)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     try:
         r = B.with_overrides(B.PRESETS[args.preset], args.set)
     except ValueError as e:
         ap.error(str(e))
-    hybrid = args.role == "hybrid"
+    roles = args.role or ["dense"]
+    if len(roles) > 1 and not args.time_only:
+        ap.error("several --role only with --time-only")
     t = time.perf_counter()
     inp = B.prepare(r)
     prepare_s = time.perf_counter() - t
-    per_step = step_seconds(r, hybrid, inp.train_ids, args.device)
+    head = {"command": " ".join(["python"] + sys.argv), "date": datetime.date.today().isoformat(),
+            "git_sha": git_sha(), "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+            "torch": torch.__version__, "preset": args.preset, "overrides": args.set,
+            "corpus_tokens": len(inp.train_ids), "prepare_s": prepare_s}
+    timed = {}
+    for role in roles:
+        per_step, warmup_s = step_seconds(r, role == "hybrid", inp.train_ids, args.device)
+        timed[role] = {"step_ms": per_step * 1e3, "warmup_s": warmup_s,
+                       "step_tok_per_s": r.target_batch * r.seq / per_step}
+        print(f"{role}: {per_step * 1e3:.1f} ms/step ({timed[role]['step_tok_per_s'] / 1e3:.0f} k tok/s), "
+              f"warm-up {warmup_s:.1f} s", flush=True)
+    if args.time_only:
+        Path(args.out).write_text(json.dumps(head | {"roles": timed, "recipe": dataclasses.asdict(r)}, indent=1))
+        return 0
+    role = roles[0]
+    hybrid, per_step = role == "hybrid", timed[role]["step_ms"] / 1e3
+    head |= {"role": role, **timed[role]}
     steps = r.target_steps if args.budget_s is None else max(1, min(r.target_steps, int(args.budget_s / per_step)))
     r = dataclasses.replace(r, target_steps=steps)
     tokens = steps * r.target_batch * r.seq
-    print(f"{args.role}: {per_step * 1e3:.1f} ms/step → {steps} steps, {tokens / 1e6:.1f} M tokens "
+    print(f"{role}: {per_step * 1e3:.1f} ms/step → {steps} steps, {tokens / 1e6:.1f} M tokens "
           f"({tokens / len(inp.train_ids):.2f} passes)", flush=True)
     t = time.perf_counter()
     torch.manual_seed(r.seed)
@@ -79,19 +100,15 @@ def main() -> int:
     if args.device == "cuda":
         torch.cuda.synchronize()
     train_s = time.perf_counter() - t
-    keep = Path(args.keep or f"out/target_sweep/{args.role}")
+    keep = Path(args.keep or f"out/target_sweep/{role}")
     B.save_model(target, keep, dtype=getattr(torch, r.store_dtype))
     tok_mod.save(inp.tok, keep)
     prompts = [q.prompt for q in workloads.humaneval(limit=args.prompts)]
     row = measure(keep, r.seq, prompts, args.new_tokens, args.device, heldout_docs())
-    result = {"command": " ".join(["python"] + sys.argv), "date": datetime.date.today().isoformat(),
-              "git_sha": git_sha(), "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-              "torch": torch.__version__, "preset": args.preset, "role": args.role, "overrides": args.set,
-              "recipe": dataclasses.asdict(r), "corpus_tokens": len(inp.train_ids), "prepare_s": prepare_s,
-              "step_ms": per_step * 1e3, "train_s": train_s, "train_tokens": tokens,
+    result = {**head, "recipe": dataclasses.asdict(r), "train_s": train_s, "train_tokens": tokens,
               "train_tok_per_s": tokens / train_s, "passes": tokens / len(inp.train_ids), **row}
     Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"{args.role}: trained {train_s:.0f} s ({tokens / train_s / 1e3:.0f} k tok/s); parse_rate "
+    print(f"{role}: trained {train_s:.0f} s ({tokens / train_s / 1e3:.0f} k tok/s); parse_rate "
           f"{row['parse_rate']:.3f}  loop_rate {row['loop_rate']:.3f}  held-out {row['heldout_bpb']:.3f} bits/byte",
           flush=True)
     return 0

@@ -75,6 +75,7 @@ class Recipe:
     gen_batch: int = 128  # prompts per batched greedy-continuation pass (large on a GPU)
     anchors: int = 4  # blocks per training sequence (block kinds)
     store_dtype: str = "bfloat16"
+    compile_target: bool = False  # on a GPU, train the target through torch.compile (eager if it fails)
     seed: int = 0
     corpus_bytes: int | None = None  # cap per split (tests); None = the whole standard library
     # "stdlib": this interpreter's standard library; "code": the prepared code corpus (stdlib + pinned
@@ -213,7 +214,7 @@ def train_target(r: Recipe, hybrid: bool, train_ids: torch.Tensor, device: str, 
     """The preset's dense or hybrid target, trained on the corpus (float32, in training precision)."""
     target = randomize(Model(target_config(r, hybrid)), r.seed + 1).to(device)
     train.train_lm(target, train_ids, r.target_steps, r.target_batch, r.seq, r.target_lr, r.seed + 2,
-                   f"{'hybrid' if hybrid else 'dense'} target", log, device)
+                   f"{'hybrid' if hybrid else 'dense'} target", log, device, compile=r.compile_target)
     return target
 
 

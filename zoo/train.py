@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -89,7 +90,9 @@ def prompt_windows(prompts: list[list[int]], n: int, length: int, gen: torch.Gen
 
 # ---- targets --------------------------------------------------------------------------------
 def train_lm(model: Model, stream: torch.Tensor, steps: int, batch: int, seq: int, lr: float, seed: int,
-             desc: str, log: Log | None, device="cpu") -> float:
+             desc: str, log: Log | None, device="cpu", compile: bool = False) -> float:
+    """Next-token training on random windows of `stream`; with `compile` on a GPU, the forward and
+    loss run through torch.compile (a compiler failure warns and trains eagerly)."""
     gen = torch.Generator().manual_seed(seed)
     # every step's window starts drawn up front (as `windows` draws them, step by step), and the
     # stream on the device: a step gathers its batch there, with no host-to-device copy
@@ -98,10 +101,23 @@ def train_lm(model: Model, stream: torch.Tensor, steps: int, batch: int, seq: in
     span = torch.arange(seq + 1, device=device)
     model.train()
 
-    def loss_fn(step):
-        x = stream[starts[step][:, None] + span]
+    def window_loss(x):
         logits = model(x[:, :-1]).logits
         return F.cross_entropy(logits.flatten(0, 1).float(), x[:, 1:].flatten())
+
+    compiled = torch.compile(window_loss) if compile and str(device).startswith("cuda") else None
+
+    def loss_fn(step):
+        nonlocal compiled
+        x = stream[starts[step][:, None] + span]
+        if compiled is not None:
+            try:
+                return compiled(x)
+            except Exception as e:  # noqa: BLE001 — any compiler failure: train eagerly instead
+                warnings.warn(f"{desc}: torch.compile failed ({type(e).__name__}); training eagerly",
+                              RuntimeWarning, stacklevel=2)
+                compiled = None
+        return window_loss(x)
 
     out = fit(model.parameters(), steps, lr, loss_fn, desc, log)
     model.eval()
