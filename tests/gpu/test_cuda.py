@@ -136,8 +136,10 @@ def test_compiled_training_matches_eager(family):
         l_comp, p_comp = once(True)
     assert not [w for w in caught if "torch.compile failed" in str(w.message)]  # it did compile
     assert abs(l_eager - l_comp) < 1e-2 * abs(l_eager)
-    # bf16 autocast reorders sums: the runs agree far closer than either moved from the start
-    assert (p_eager - p_comp).abs().mean() < 0.05 * (p_eager - init).abs().mean()
+    # bf16 autocast rounds differently in fused kernels and AdamW turns the tiniest gradients into
+    # full-size steps either way: the runs agree well within how far they moved (seen on an H200:
+    # 3 % dense, 7 % hybrid; a wrong gradient would be of the order of the movement itself)
+    assert (p_eager - p_comp).abs().mean() < 0.2 * (p_eager - init).abs().mean()
 
 
 def test_compiled_training_failure_trains_eagerly(monkeypatch):
