@@ -43,6 +43,19 @@ def run(cwd: Path | str, *args: str, index: Path | str | None = None, check: boo
     return proc
 
 
+def head_sha(path: Path | str) -> str:
+    """The short commit of the worktree holding `path`, "+dirty" when tracked files differ from it;
+    GIT_SHA from the environment wins (a machine's copy of the tree may have no .git, or a stale
+    one); "unknown" outside a repository."""
+    if os.environ.get("GIT_SHA"):
+        return os.environ["GIT_SHA"]
+    head = run(path, "rev-parse", "--short", "HEAD")
+    if head.returncode != 0:
+        return "unknown"
+    dirty = run(path, "status", "--porcelain", "--untracked-files=no").stdout.strip()
+    return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
 def tree_of_files(path: Path | str) -> str:
     """The tree id of the current files of the git worktree holding `path` (tracked or not,
     .gitignore respected), through a throwaway index: the worktree's own index and HEAD are left as

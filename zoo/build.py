@@ -15,6 +15,7 @@ from queue import Empty
 
 import torch
 
+from specpilot import gitrun
 from specpilot.engine.checkpoint import save_model
 from specpilot.engine.config import ModelConfig
 from specpilot.engine.drafters import DraftConfig, DraftLM, FeatureDrafter, NgramDrafter, save_drafter
@@ -400,7 +401,7 @@ def _role_process(role: str, queue) -> None:
 
 
 def build(preset: str, out: Path, device: str = "cpu", log=print, roles: tuple[str, ...] = ("dense", "hybrid"),
-          parallel: bool | None = None) -> dict:
+          parallel: bool | None = None, command: str | None = None) -> dict:
     """Build every model of a preset (of the given target roles) into `out`; returns (and writes)
     the manifest. With `parallel` (default: on a GPU), the roles build side by side in forked
     processes sharing the device — the GPU has room for both small pipelines at once."""
@@ -443,7 +444,8 @@ def build(preset: str, out: Path, device: str = "cpu", log=print, roles: tuple[s
     for _, t in results:
         timings |= t
     timings["total_s"] = time.perf_counter() - t_all
-    manifest = {"preset": preset, "recipe": dataclasses.asdict(r), "seed": r.seed, "corpus_sha256": inp.corpus.sha256,
+    manifest = {"command": command or f"specpilot zoo build --preset {preset} --device {device}",
+                "git_sha": gitrun.head_sha(Path(__file__).resolve().parent), "preset": preset, "recipe": dataclasses.asdict(r), "seed": r.seed, "corpus_sha256": inp.corpus.sha256,
                 "corpus_tokens": {"train": len(inp.train_ids), "heldout": len(inp.held_ids)},
                 "python_version": inp.corpus.python_version, "device": device, "torch": torch.__version__,
                 "parallel_roles": bool(parallel and len(jobs) > 1),

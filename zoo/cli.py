@@ -73,7 +73,10 @@ def run_build(args: argparse.Namespace) -> int:
     roles = tuple(r.strip() for r in args.roles.split(",") if r.strip())
     if not roles or set(roles) - {"dense", "hybrid"}:
         raise ValueError(f"--roles {args.roles!r}: give dense, hybrid or dense,hybrid")
-    manifest = build.build(args.preset, out, args.device, log=(lambda *_: None) if args.json else print, roles=roles)
+    command = " ".join(["specpilot", "zoo", "build", "--preset", args.preset, "--device", args.device, "--roles",
+                        ",".join(roles)] + (["--out", str(args.out)] if args.out else []))
+    manifest = build.build(args.preset, out, args.device, log=(lambda *_: None) if args.json else print, roles=roles,
+                           command=command)
     if args.json:
         print(json.dumps(manifest))
     return 0

@@ -151,9 +151,12 @@ def test_compiled_training_failure_trains_eagerly(monkeypatch):
         return call
 
     monkeypatch.setattr(torch, "compile", broken)
-    m = random_model(tiny_config("llama", vocab=97), seed=0, device="cuda")
-    stream = torch.randint(0, 97, (2000,), generator=torch.Generator().manual_seed(0)).cuda()
+    def once(compile):
+        m = random_model(tiny_config("llama", vocab=97), seed=0, device="cuda")
+        stream = torch.randint(0, 97, (2000,), generator=torch.Generator().manual_seed(0)).cuda()
+        return train.train_lm(m, stream, steps=3, batch=2, seq=16, lr=1e-3, seed=4, desc="t", log=None,
+                              device="cuda", compile=compile)
     with pytest.warns(RuntimeWarning, match="torch.compile failed"):
-        loss = train.train_lm(m, stream, steps=3, batch=2, seq=16, lr=1e-3, seed=4, desc="t", log=None,
-                              device="cuda", compile=True)
-    assert loss == loss  # a finite number came back: training went on eagerly
+        fell_back = once(True)
+    eager = once(False)  # the same steps as training eagerly from the start (up to CUDA's atomics)
+    assert abs(fell_back - eager) < 1e-3 * abs(eager)

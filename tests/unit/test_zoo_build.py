@@ -2,6 +2,7 @@
 real loading code, and is described in the manifest that `zoo list` reads."""
 
 import json
+import subprocess
 
 import pytest
 import torch
@@ -23,6 +24,11 @@ def zoo(tmp_path_factory):
 def test_manifest_records_what_was_built(zoo):
     out, m = zoo
     assert m["preset"] == "nano" and len(m["corpus_sha256"]) == 64 and m["seed"] == 0
+    # the command that rebuilds it and the commit it was built from (this checkout's HEAD)
+    assert m["command"] == "specpilot zoo build --preset nano --device cpu"
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=B.__file__.rsplit("/", 1)[0],
+                          capture_output=True, text=True).stdout.strip()
+    assert m["git_sha"].split("+")[0] == (head or "unknown")
     names = {e["name"] for e in m["models"]}
     for role in ("dense", "hybrid"):
         assert {role, f"{role}-sequential", f"{role}-block", f"{role}-block-markov", f"{role}-draft-lm"} <= names
