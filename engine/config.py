@@ -105,9 +105,10 @@ class ModelConfig:
         return int(self.head_dim * self.partial_rotary_factor)
 
     def inv_freq(self) -> torch.Tensor:
-        """RoPE inverse frequencies (float64), including Llama-3 frequency scaling."""
+        """RoPE inverse frequencies (float64, on the CPU whatever the default device: a module built
+        on the meta device gets real values), including Llama-3 frequency scaling."""
         dim = self.rotary_dim
-        inv = 1.0 / (self.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+        inv = 1.0 / (self.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device="cpu") / dim))
         rs = self.rope_scaling
         if not rs or rs.get("rope_type", rs.get("type", "default")) == "default":
             return inv

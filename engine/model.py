@@ -345,7 +345,12 @@ class Model(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.model = nn.Module()
-        self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # Loading builds the module on the meta device and assigns the checkpoint's tensors: skip the
+        # embedding's random init there (normal_ on a meta tensor imports torch._dynamo, seconds of
+        # every worker's and command's start)
+        meta = torch.get_default_device().type == "meta"
+        self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                               _weight=torch.empty(cfg.vocab_size, cfg.hidden_size) if meta else None)
         self.model.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_hidden_layers))
         self.model.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centered_norm)
         if not cfg.tie_word_embeddings:
