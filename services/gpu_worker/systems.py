@@ -16,12 +16,16 @@ the gRPC GPU worker runs where only torch, grpcio, protobuf and prometheus-clien
 from __future__ import annotations
 
 import json
+import os
 import re
 import select
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -31,6 +35,7 @@ from specpilot.devices import device_list
 from .build import BuildError, build_worktree, remove_worktree
 
 CHILD = "specpilot.services.gpu_worker.local"
+ZYGOTE_MODULE = "specpilot.services.gpu_worker.zygote"
 
 
 class SystemProcess:
@@ -43,8 +48,7 @@ class SystemProcess:
         engine = dict(engine)
         root = engine.pop("root", None)  # a built worktree: the child loads the engine's code from there
         spec = {"engine": engine, "device": device, **({"root": str(root)} if root else {})}
-        self.proc = subprocess.Popen([sys.executable, "-m", CHILD, json.dumps(spec)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self.proc = ZYGOTE.spawn(json.dumps(spec), self.log)
         reply = self._read("start")
         if "error" in reply:  # the child answered instead of loading the system
             self.close()
@@ -99,6 +103,85 @@ class SystemProcess:
         if self._on_close is not None:
             on_close, self._on_close = self._on_close, None
             on_close()
+
+
+class Forked:
+    """A worker forked by the zygote, with the part of `subprocess.Popen` that SystemProcess uses
+    (it is the zygote's child: liveness by pid, which the kernel frees as soon as it exits)."""
+
+    def __init__(self, pid: int, stdin, stdout):
+        self.pid, self.stdin, self.stdout, self.returncode = pid, stdin, stdout, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                self.returncode = -1  # exited; the zygote, its parent, had the status
+        return self.returncode
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def wait(self) -> int:
+        while self.poll() is None:
+            time.sleep(0.005)
+        return self.returncode
+
+
+class Zygote:
+    """Starts workers: forked by the zygote (zygote.py) while this interpreter's start-up
+    environment is the one the zygote started with — a change to those variables would not reach a
+    fork — else, or when the zygote cannot run, as a fresh interpreter."""
+
+    START_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH", "PYTHONNOUSERSITE", "LD_LIBRARY_PATH", "LD_PRELOAD")
+
+    def __init__(self):
+        self._lock, self._sock, self._proc, self._env = threading.Lock(), None, None, None
+
+    def _start_env(self) -> dict:
+        return {k: os.environ.get(k) for k in self.START_ENV}
+
+    def _fork(self, spec: str, fds: list[int]) -> int | None:
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                if self._sock is not None:
+                    self._sock.close()
+                self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                self._proc = subprocess.Popen([sys.executable, "-m", ZYGOTE_MODULE, str(theirs.fileno())],
+                                              pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+                                              stdout=subprocess.DEVNULL)
+                theirs.close()
+                self._env = self._start_env()
+            if self._env != self._start_env():
+                return None
+            req = {"argv": [spec], "env": dict(os.environ), "cwd": os.getcwd()}
+            try:
+                socket.send_fds(self._sock, [json.dumps(req).encode()], fds)
+                return json.loads(self._sock.recv(1 << 16))["pid"]
+            except (OSError, ValueError, KeyError):  # the zygote died: a fresh interpreter this time
+                self._proc.kill()
+                return None
+
+    def spawn(self, spec: str, log):
+        """The worker process of one system (`local.py` with `spec`): text pipes on stdin and
+        stdout, stderr into the file `log`."""
+        (r_in, w_in), (r_out, w_out) = os.pipe(), os.pipe()
+        try:
+            pid = self._fork(spec, [r_in, w_out, log.fileno()])
+        finally:
+            os.close(r_in), os.close(w_out)
+        if pid is not None:
+            return Forked(pid, os.fdopen(w_in, "w"), os.fdopen(r_out))
+        os.close(w_in), os.close(r_out)
+        return subprocess.Popen([sys.executable, "-m", CHILD, spec], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=log, text=True)
+
+
+ZYGOTE = Zygote()
 
 
 def last_error(log: str) -> str:
