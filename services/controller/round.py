@@ -136,7 +136,7 @@ def demo_deployment() -> dict:
     shipped = Path(zoo.__file__).resolve().parent / "checkpoints" / "micro"
     return {"name": "micro-dense-cpu", "target": str(shipped / "dense"), "drafter": str(shipped / "dense-block-markov"),
             "drafters": {"block_markov": str(shipped / "dense-block-markov")}, "gpu": "cpu", "devices": "cpu,cpu",
-            "workload": "humaneval", "prompts": 3, "max_new_tokens": 48, "repeats": 6, "max_candidates": 2}
+            "workload": "humaneval", "prompts": 3, "max_new_tokens": 96, "repeats": 10, "max_candidates": 2}
 
 
 def verdict_key(dep: dict, k: int, candidate: str) -> str:
