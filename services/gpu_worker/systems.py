@@ -164,6 +164,7 @@ class Zygote:
                 return json.loads(self._sock.recv(1 << 16))["pid"]
             except (OSError, ValueError, KeyError):  # the zygote died: a fresh interpreter this time
                 self._proc.kill()
+                self._proc.wait()  # so that the next start sees it gone and starts a new one
                 return None
 
     def spawn(self, spec: str, log):

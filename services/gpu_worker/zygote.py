@@ -3,8 +3,9 @@ saves every worker that import — seconds on a CPU, where a round starts a few 
 
     python -m specpilot.services.gpu_worker.zygote FD
 
-It serves one parent over the UNIX socket FD (SOCK_SEQPACKET: a message each): a request is one JSON object {"argv", "env", "cwd"}
-with three file descriptors (the worker's stdin, stdout and stderr); it forks, answers {"pid"}, and
+It serves one parent over the UNIX socket FD (SOCK_SEQPACKET: a message each): a request is one
+JSON object {"argv", "env", "cwd"} with three file descriptors (the worker's stdin, stdout and
+stderr); it forks, answers {"pid"}, and
 the child runs `local.main(argv)` there, in `cwd`, with `env` — the parent's of the moment, not the
 zygote's. Children are reaped by the kernel (SIGCHLD ignored); the zygote exits when its parent
 closes the socket. It imports nothing of the engine, so a worker may still load a worktree's.
