@@ -120,7 +120,7 @@ class FixedLattice(Drafter):
         self.lat = Lattice(torch.randint(0, vocab, (positions, TOP_K), generator=g),
                            torch.randn(positions, TOP_K, generator=g, dtype=torch.float64).sort(-1, True).values)
 
-    def propose(self, m: int) -> Lattice:
+    def propose(self, m: int, known: list[int] | None = None) -> Lattice:
         return self.lat
 
 

@@ -27,25 +27,44 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import git_sha  # noqa: E402
 from zoo_realism import heldout_docs, measure  # noqa: E402
 
+from specpilot.engine.model import Model  # noqa: E402
+from specpilot.engine.synthetic import randomize  # noqa: E402
 from specpilot.zoo import build as B  # noqa: E402
 from specpilot.zoo import tokenizer as tok_mod  # noqa: E402
 from specpilot.zoo import train, workloads  # noqa: E402
 
 
-def step_seconds(r: B.Recipe, hybrid: bool, train_ids: torch.Tensor, device: str, steps: int = 12) -> tuple[float, float]:
+def step_seconds(r: B.Recipe, hybrid: bool, train_ids: torch.Tensor, device: str, steps: int = 12,
+                 profile: bool = False) -> tuple[float, float, list | None]:
     """(seconds per training step at the recipe's shape, seconds of the first `steps` steps — the
-    warm-up, compiling included): the step time is the difference of `2 × steps` and `steps` runs."""
+    warm-up, compiling included —, and with `profile` the kernels of `steps` steady-state steps by
+    device time). One target trains through `train.train_lm` in every run, so a compiled step is
+    compiled once; the step time is the difference of a `2 × steps` and a `steps` run."""
+    target = randomize(Model(B.target_config(r, hybrid)), r.seed + 1).to(device)
+
     def run(n):
-        q = dataclasses.replace(r, target_steps=n)
         if device == "cuda":
             torch.cuda.synchronize()
         t = time.perf_counter()
-        B.train_target(q, hybrid, train_ids, device, None)
+        train.train_lm(target, train_ids, n, r.target_batch, r.seq, r.target_lr, r.seed + 2, "step", None, device,
+                       compile=r.compile_target)
         if device == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - t
     warmup = run(steps)  # allocator, kernels, autotuning, compiling
-    return (run(2 * steps) - run(steps)) / steps, warmup
+    per_step = (run(2 * steps) - run(steps)) / steps
+    kernels = None
+    if profile:
+        from torch.profiler import ProfilerActivity
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+        with torch.profiler.profile(activities=acts) as prof:
+            run(steps)
+        rows = sorted(prof.key_averages(), key=lambda e: e.self_device_time_total if device == "cuda"
+                      else e.self_cpu_time_total, reverse=True)[:25]
+        kernels = [{"name": e.key[:120], "calls_per_step": e.count / steps,
+                    "ms_per_step": (e.self_device_time_total if device == "cuda" else e.self_cpu_time_total)
+                    / 1e3 / steps} for e in rows]
+    return per_step, warmup, kernels
 
 
 def main() -> int:
@@ -60,6 +79,7 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--keep", help="folder to save the trained target in (default: out/target_sweep/ROLE)")
     ap.add_argument("--time-only", action="store_true", help="only time the steps (no training run, no measures)")
+    ap.add_argument("--profile", action="store_true", help="with --time-only: the top kernels of a step by device time")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     try:
@@ -78,9 +98,14 @@ def main() -> int:
             "corpus_tokens": len(inp.train_ids), "prepare_s": prepare_s}
     timed = {}
     for role in roles:
-        per_step, warmup_s = step_seconds(r, role == "hybrid", inp.train_ids, args.device)
+        per_step, warmup_s, kernels = step_seconds(r, role == "hybrid", inp.train_ids, args.device,
+                                                   profile=args.profile and args.time_only)
         timed[role] = {"step_ms": per_step * 1e3, "warmup_s": warmup_s,
                        "step_tok_per_s": r.target_batch * r.seq / per_step}
+        if kernels is not None:
+            timed[role]["kernels"] = kernels
+            for k in kernels[:12]:
+                print(f"  {k['ms_per_step']:7.2f} ms  {k['calls_per_step']:6.1f}×  {k['name']}", flush=True)
         print(f"{role}: {per_step * 1e3:.1f} ms/step ({timed[role]['step_tok_per_s'] / 1e3:.0f} k tok/s), "
               f"warm-up {warmup_s:.1f} s", flush=True)
     if args.time_only:

@@ -8,7 +8,9 @@ computed once (`engine/replay.py` `continuation`) and every drafter is replayed 
 (`drafter_taus`: the τ of each step of online decoding, without the target's verify passes).
 With `--online` every drafter also decodes every prompt online, to check the two agree step for
 step and to time both. `--jobs N` splits each workload's prompts over N processes (each loads the
-set; on a GPU they share it): the figures are the same, the times are summed over processes.
+set, and runs one torch thread; on a GPU they share it): the figures are the same, the times are
+summed over processes. Chain replays let position-by-position drafters (sequential, draft LM) stop
+drafting at their first miss (`Drafter.propose`'s `known`): the same τ, fewer drafter passes.
 """
 
 from __future__ import annotations
@@ -56,15 +58,22 @@ def load_pair(zoo: Path, manifest: dict, role: str, device: str):
     return target, tok_mod.load(zoo / entry["path"]), drafters
 
 
-def measure(zoo: Path, role: str, prompts: list[str], new: int, device: str, online: bool, bar: bool = True) -> dict:
+def measure(zoo: Path, role: str, prompts: list[str], new: int, device: str, online: bool, bar: bool = True,
+            threads: int | None = None, replay_device: str | None = None) -> dict:
     """Per drafter kind of target `role`: each prompt's replayed step τs (and online ones), with
-    the seconds spent; `continuations_s` is the AR continuations' time."""
+    the seconds spent; `continuations_s` is the AR continuations' time. threads: torch's (pool
+    workers: 1); replay_device: where the drafters run (default: `device`, where the continuations
+    are made)."""
+    if threads:
+        torch.set_num_threads(threads)
     manifest = json.loads((zoo / "zoo.json").read_text())
     draft_len = manifest["tau_measure"]["draft_len"]
-    target, tok, drafters = load_pair(zoo, manifest, role, device)
+    replay_device = replay_device or device
+    target, tok, drafters = load_pair(zoo, manifest, role, replay_device)
+    maker = target if replay_device == device else load_model(zoo / role, torch.float32, device)
     layers = next((tuple(d.target_layers) for d in drafters.values() if d.target_layers), ())
     t = time.perf_counter()
-    conts = [continuation(target, tok_mod.encode(tok, p)[-PROMPT_TOKENS:], new, layers)
+    conts = [continuation(maker, tok_mod.encode(tok, p)[-PROMPT_TOKENS:], new, layers).to(replay_device)
              for p in tqdm(prompts, desc=f"{role} continuations", leave=False, disable=not bar)]
     out = {"continuations_s": time.perf_counter() - t, "kinds": {}}
     for kind, d in drafters.items():
@@ -81,12 +90,12 @@ def measure(zoo: Path, role: str, prompts: list[str], new: int, device: str, onl
 
 
 def measure_split(zoo: Path, role: str, prompts: list[str], new: int, device: str, online: bool, pool=None,
-                  jobs: int = 1) -> dict:
+                  jobs: int = 1, replay_device: str | None = None) -> dict:
     """`measure`, or with a pool of `jobs` processes the prompts dealt round-robin to them; per-prompt
     lists come back in prompt order, seconds are summed over processes."""
     if pool is None:
-        return measure(zoo, role, prompts, new, device, online)
-    parts = list(pool.map(measure, *zip(*[(zoo, role, prompts[i::jobs], new, device, online, False)
+        return measure(zoo, role, prompts, new, device, online, replay_device=replay_device)
+    parts = list(pool.map(measure, *zip(*[(zoo, role, prompts[i::jobs], new, device, online, False, 1, replay_device)
                                           for i in range(jobs)])))
     out = {"continuations_s": sum(p["continuations_s"] for p in parts), "kinds": {}}
     for kind in parts[0]["kinds"]:
@@ -107,7 +116,9 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, help="default: the build's")
     ap.add_argument("--online", action="store_true", help="also decode online and compare step for step")
     ap.add_argument("--jobs", type=int, default=1, help="processes per workload (default 1)")
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--device", default="cpu", help="where the continuations are made")
+    ap.add_argument("--replay-device", help="where the drafters run (default: --device; with a GPU and many "
+                    "CPU cores, cpu and --jobs N replays on N cores)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     zoo = Path(args.zoo)
@@ -117,7 +128,7 @@ def main() -> int:
     result = {"command": " ".join(["python"] + sys.argv), "date": datetime.date.today().isoformat(),
               "git_sha": git_sha(), "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
               "torch": torch.__version__, "preset": manifest["preset"], "draft_len": draft_len, "new_tokens": new,
-              "jobs": args.jobs,
+              "jobs": args.jobs, "replay_device": args.replay_device or args.device,
               "manifest_tau": {f"{m['target'] or m['name']}+{m['kind'] if m['role'] == 'drafter' else 'ngram'}":
                                (m["tau"] if m["role"] == "drafter" else m["tau"]["ngram"]) for m in manifest["models"]},
               "tau": {}}
@@ -131,7 +142,8 @@ def main() -> int:
     for w, reqs in workload_reqs.items():  # HumanEval first: the issue's bars are on it
         for role in tqdm(roles, desc=w, leave=False):
             t = time.perf_counter()
-            got = measure_split(zoo, role, [q.prompt for q in reqs], new, args.device, args.online, pool, args.jobs)
+            got = measure_split(zoo, role, [q.prompt for q in reqs], new, args.device, args.online, pool, args.jobs,
+                                args.replay_device)
             result.setdefault("wall_s", {})[f"{role}+{w}"] = time.perf_counter() - t
             for kind, r in got["kinds"].items():
                 per_prompt = r["replay"]

@@ -1,20 +1,27 @@
 """Build a zoo preset (timed) and measure τ of every tree policy on its pairs.
 
-  python bench/zoo_trees.py --preset small --device cuda --out results.json   (GPU machine)
-  python bench/zoo_trees.py --preset micro --zoo zoo/checkpoints/micro --out results.json   (CPU, shipped)
+  python bench/zoo_trees.py --zoo zoo/checkpoints/micro --prompts 164 --jobs 2 --out results.json   (CPU)
+  python bench/zoo_trees.py --preset small --device cuda --out results.json   (build on the GPU, measure there)
 
-Per target (dense, hybrid) and drafter (block, block + Markov): online τ of chain and best-first:32
-on HumanEval prompts, and exact replay of every policy on lattices recorded with 16 drafted
-positions (chain, best-first 16/32/63, top-k at 16, Sequoia at 16 fitted on the record, oracle at
-8 and 16 positions, best-first without the Markov transitions). Also the memory a hybrid needs for
-tree verification at N = 32 with per-node state snapshots against root-path replay.
+Per target (dense, hybrid) and drafter (block, block + Markov), on HumanEval prompts: each prompt's
+greedy continuation once (`engine/replay.py` `continuation`), then the drafter driven through
+exactly the calls of online decoding and accepted against it (`drafter_taus`: online τ step for
+step, without the target's verify passes; test_drafter_replay_gives_the_online_taus) for chain and
+best-first:32, and once more with best-first:63 recording its lattices (16 drafted positions); every
+other policy is replayed on those lattices (chain, best-first 16/32/63, top-k at 16, Sequoia at 16
+fitted on the record, oracle at 8 and 16 positions, best-first without the Markov transitions).
+`--jobs N` deals the prompts to N processes of one torch thread each (the figures are the same).
+Also the memory a hybrid needs for tree verification at N = 32 with per-node state snapshots
+against root-path replay.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
 import json
+import multiprocessing
 import sys
 import time
 from pathlib import Path
@@ -25,11 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import git_sha  # noqa: E402
 
 from specpilot.engine.checkpoint import load_model  # noqa: E402
-from specpilot.engine.decode import generate  # noqa: E402
 from specpilot.engine.drafters import Lattice, load_drafter  # noqa: E402
-from specpilot.engine.replay import acceptance_profile, make_policy, replay  # noqa: E402
 from specpilot.engine.engine import load_tokenizer  # noqa: E402
+from specpilot.engine.replay import acceptance_profile, continuation, drafter_taus, make_policy, replay  # noqa: E402
 from specpilot.zoo.workloads import humaneval  # noqa: E402
+
+KINDS = ("block", "block-markov")
+DRAFT_LEN = 16
 
 
 def truncated(steps, m: int, drop_trans: bool = False):
@@ -47,25 +56,63 @@ def mean(xs):
     return sum(xs) / max(1, len(xs))
 
 
-def measure_pair(target, drafter, prompts, new_tokens):
-    online = {}
-    for spec in ("chain", "best-first:32"):
-        steps = []
-        for p in prompts:
-            steps += generate(target, p, new_tokens, drafter, draft_len=16, policy=make_policy(spec)).steps
-        online[spec] = mean([s.tau for s in steps])
-    rec = []
-    for p in prompts:
-        r = []
-        generate(target, p, new_tokens, drafter, draft_len=16, policy=make_policy("best-first:63"), record=r)
-        rec += r
+def measure_prompts(zoo: Path, role: str, prompts: list[list[int]], new_tokens: int, device: str,
+                    threads: int | None, replay_device: str | None = None) -> dict:
+    """Per drafter kind of target `role`: per prompt, the exact τs of chain and best-first:32 and the
+    best-first:63 record; with the seconds spent (continuations apart). The continuations are made
+    on `device`, the drafters run on `replay_device` (default: the same)."""
+    if threads:
+        torch.set_num_threads(threads)
+    replay_device = replay_device or device
+    target = load_model(zoo / role, torch.float32, replay_device)
+    maker = target if replay_device == device else load_model(zoo / role, torch.float32, device)
+    drafters = {k: load_drafter(str(zoo / f"{role}-{k}"), torch.float32, replay_device, target) for k in KINDS}
+    eos = set(target.cfg.eos_token_id)
+    layers = tuple(drafters["block"].target_layers)
+    t = time.perf_counter()
+    conts = [continuation(maker, p, new_tokens, layers).to(replay_device) for p in prompts]
+    out = {"continuations_s": time.perf_counter() - t, "kinds": {}}
+    for kind, d in drafters.items():
+        t = time.perf_counter()
+        row = {spec: [drafter_taus(c, d, DRAFT_LEN, eos, make_policy(spec)) for c in conts]
+               for spec in ("chain", "best-first:32")}
+        row["record"] = []
+        for c in conts:
+            rec: list = []
+            drafter_taus(c, d, DRAFT_LEN, eos, make_policy("best-first:63"), rec)
+            row["record"].append(rec)
+        row["seconds"] = time.perf_counter() - t
+        out["kinds"][kind] = row
+    return out
+
+
+def measure_role(zoo: Path, role: str, prompts: list[list[int]], new_tokens: int, device: str, pool, jobs: int,
+                 replay_device: str | None = None) -> dict:
+    """measure_prompts over all prompts, dealt round-robin to `jobs` processes (per-prompt lists
+    come back in prompt order; seconds are summed over processes)."""
+    if pool is None:
+        return measure_prompts(zoo, role, prompts, new_tokens, device, None, replay_device)
+    parts = list(pool.map(measure_prompts, *zip(*[(zoo, role, prompts[i::jobs], new_tokens, device, 1, replay_device)
+                                                  for i in range(jobs)])))
+    out = {"continuations_s": sum(p["continuations_s"] for p in parts), "kinds": {}}
+    for kind in KINDS:
+        rows = [p["kinds"][kind] for p in parts]
+        out["kinds"][kind] = {key: sum(r[key] for r in rows) if key == "seconds"
+                              else [rows[i % jobs][key][i // jobs] for i in range(len(prompts))] for key in rows[0]}
+    return out
+
+
+def summarize(row: dict) -> dict:
+    """Pooled τ of the exact runs and of every replayed policy on the best-first:63 record."""
+    rec = [s for r in row["record"] for s in r]
     profile = acceptance_profile(rec)
     rp = {spec: mean(replay(rec, spec, profile)) for spec in
           ("chain", "best-first:16", "best-first:32", "best-first:63", "topk:4:16", "sequoia:16", "oracle")}
     rp["oracle@8"] = mean(replay(truncated(rec, 8), "oracle"))
     rp["chain@8"] = mean(replay(truncated(rec, 8), "chain"))
     rp["best-first:32 unconditioned"] = mean(replay(truncated(rec, 16, drop_trans=True), "best-first:32"))
-    return {"online": online, "replay": rp, "replay_steps": len(rec)}
+    exact = {spec: mean([t for p in row[spec] for t in p]) for spec in ("chain", "best-first:32")}
+    return {"exact": exact, "replay": rp, "replay_steps": len(rec), "seconds": row["seconds"]}
 
 
 def snapshot_memory(cfg, n: int = 32) -> dict:
@@ -86,9 +133,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--preset", default="micro")
     ap.add_argument("--zoo", help="an already built zoo folder (skips the build)")
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--device", default="cpu", help="where the build trains (with --preset) and the continuations are made")
+    ap.add_argument("--replay-device", help="where the drafters run (default: --device; with a GPU and many CPU "
+                    "cores, cpu and --jobs N replays on N cores)")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=96)
+    ap.add_argument("--jobs", type=int, default=1, help="processes, one torch thread each (default 1: this one)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--workdir", default="/tmp")
     args = ap.parse_args()
@@ -96,7 +146,11 @@ def main() -> int:
 
     result = {"command": " ".join(["python"] + sys.argv), "date": datetime.date.today().isoformat(),
               "git_sha": git_sha(), "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-              "torch": torch.__version__, "preset": args.preset}
+              "torch": torch.__version__, "preset": args.preset, "jobs": args.jobs, "draft_len": DRAFT_LEN,
+              "replay_device": args.replay_device or args.device,
+              "new_tokens": args.new_tokens,
+              "method": "exact: drafter_taus (online τ, step for step) against each prompt's continuation; "
+                        "replay: policies on the best-first:63 record"}
     zoo = Path(args.zoo) if args.zoo else Path(args.workdir) / f"zoo-{args.preset}"
     if not args.zoo:
         t = time.perf_counter()
@@ -107,18 +161,24 @@ def main() -> int:
     result["models"] = manifest["models"]
     tok = load_tokenizer(zoo / "dense")
     prompts = [tok.encode(r.prompt).ids for r in humaneval(limit=args.prompts)]
+    result["prompts"] = len(prompts)
     result["pairs"] = {}
+    # CUDA cannot be forked: spawned processes, started once
+    pool = concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) \
+        if args.jobs > 1 else None
     for role in ("dense", "hybrid"):
-        target = load_model(zoo / role, torch.float32, args.device)
-        if target.cfg.is_hybrid:
-            result["tree_memory_n32"] = {"this_target": snapshot_memory(target.cfg)}
-        for kind in ("block", "block-markov"):
-            d = load_drafter(str(zoo / f"{role}-{kind}"), torch.float32, args.device, target)
-            t = time.perf_counter()
-            result["pairs"][f"{role}+{kind}"] = measure_pair(target, d, prompts, args.new_tokens)
-            result["pairs"][f"{role}+{kind}"]["seconds"] = time.perf_counter() - t
-            print(role, kind, json.dumps(result["pairs"][f"{role}+{kind}"]), flush=True)
-            Path(args.out).write_text(json.dumps(result, indent=1))  # what is measured so far survives a cut
+        t = time.perf_counter()
+        got = measure_role(zoo, role, prompts, args.new_tokens, args.device, pool, args.jobs, args.replay_device)
+        for kind in KINDS:
+            row = result["pairs"][f"{role}+{kind}"] = summarize(got["kinds"][kind])
+            row["continuations_s"] = got["continuations_s"]
+            print(role, kind, json.dumps(row), flush=True)
+        result.setdefault("wall_s", {})[role] = time.perf_counter() - t
+        Path(args.out).write_text(json.dumps(result, indent=1))  # what is measured so far survives a cut
+    if pool:
+        pool.shutdown()
+    cfg = load_model(zoo / "hybrid", torch.float32, "cpu").cfg
+    result["tree_memory_n32"] = {"this_target": snapshot_memory(cfg)}
     from specpilot.engine.config import ModelConfig
 
     big = ModelConfig(family="qwen3_next", vocab_size=151936, hidden_size=2048, intermediate_size=5120,
@@ -126,7 +186,7 @@ def main() -> int:
                       layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(48)],
                       linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
                       linear_value_head_dim=128)
-    result.setdefault("tree_memory_n32", {})["qwen3_next_80b_shape"] = snapshot_memory(big)
+    result["tree_memory_n32"]["qwen3_next_80b_shape"] = snapshot_memory(big)
     Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
 

@@ -201,7 +201,10 @@ class Drafter:
         each (the last is the newest, not yet in the cache); feats: target features [T, F] of the
         committed positions (feature drafters only)."""
 
-    def propose(self, m: int) -> Lattice: ...
+    def propose(self, m: int, known: list[int] | None = None) -> Lattice:
+        """A lattice of m drafted positions. known: the tokens that do follow (a replay against a
+        known continuation, for a chain): a drafter that drafts position by position may stop after
+        the first position whose top-1 token differs, since a chain accepts nothing past it."""
 
 
 def misfit(c: DraftConfig, t, target: str = "this target") -> str | None:
@@ -242,18 +245,20 @@ class FeatureDrafter(Drafter):
         self.newest = next_tokens[-1]
 
     @torch.no_grad()
-    def propose(self, m: int) -> Lattice:
+    def propose(self, m: int, known: list[int] | None = None) -> Lattice:
         if m <= 0:
             return Lattice.empty()
         if self.kind == "sequential":
-            return self._propose_sequential(m)
+            return self._propose_sequential(m, known)
         return self._propose_block(min(m, self.block_size))
 
-    def _propose_sequential(self, m: int) -> Lattice:
+    def _propose_sequential(self, m: int, known: list[int] | None) -> Lattice:
         base = self.cache.length
         logits, hidden = [self.last_logits], self.last_hidden
-        for _ in range(m - 1):
+        for i in range(m - 1):
             tok = logits[-1].argmax().view(1, 1)
+            if known is not None and (i >= len(known) or int(tok) != known[i]):
+                break
             hidden, lg = self.net(self.net.rows(tok, hidden, self.emb), self.head, self.cache)
             self.cache.commit(1)
             logits.append(lg[0, -1])
@@ -303,7 +308,7 @@ class NgramDrafter(Drafter):
         self.history.extend(committed)
         self.newest = next_tokens[-1]
 
-    def propose(self, m: int) -> Lattice:
+    def propose(self, m: int, known: list[int] | None = None) -> Lattice:
         seq = self.history + [self.newest]
         proposal: list[int] = []
         for n in range(min(self.max_n, len(seq) - 1), self.min_n - 1, -1):
@@ -343,14 +348,16 @@ class DraftLM(Drafter):
         self.newest = next_tokens[-1]
 
     @torch.no_grad()
-    def propose(self, m: int) -> Lattice:
+    def propose(self, m: int, known: list[int] | None = None) -> Lattice:
         base, tok, rows = self.cache.length, self.newest, []
         dev = self.model.lm_head_weight.device
-        for _ in range(m):
+        for i in range(m):
             lg = self.model(torch.tensor([[tok]], device=dev), self.cache).logits[0, -1]
             self.cache.commit(1)
             rows.append(lg)
             tok = int(lg.argmax())
+            if known is not None and (i >= len(known) or tok != known[i]):
+                break
         self.cache.truncate(base)
         return Lattice.from_logits(torch.stack(rows)) if rows else Lattice.empty()
 

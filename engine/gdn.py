@@ -31,10 +31,14 @@ def chunked_gated_delta_rule(q, k, v, g, beta, h, chunk: int = 64):
 
     Within a chunk, with G the cumulative log-decay from its start and h0 the state entering it,
     the per-position updates u_i = β_i(v_i − e^{G_i} h0ᵀk_i − Σ_{j<i} e^{G_i−G_j}(k_jᵀk_i) u_j) solve a
-    unit lower-triangular system; then o_i = e^{G_i} h0ᵀq_i + Σ_{j≤i} e^{G_i−G_j}(k_jᵀq_i) u_j and
-    the state leaving it is e^{G_C} h0 + Σ_j e^{G_C−G_j} k_j u_jᵀ. Returns (outputs, final state).
+    unit lower-triangular system (I + A) u = β(v − e^G k h0). Its solution is affine in h0:
+    u = Wv − Wk h0 with [Wv | Wk] = (I + A)⁻¹ β [v | e^G k], so every chunk's triangular solve runs
+    at once, before the walk over chunks; the walk only carries the state,
+    h ← e^{G_C} h + Σ_j e^{G_C−G_j} k_j u_jᵀ, and then o_i = e^{G_i} h0ᵀq_i + Σ_{j≤i} e^{G_i−G_j}(k_jᵀq_i) u_j
+    for all chunks together. Returns (outputs, final state).
     """
     B, T, H, Dk = k.shape
+    Dv = v.shape[-1]
     pad = (-T) % chunk
     if pad:  # zero key, β and decay: padded positions leave the state untouched
         q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, v))
@@ -44,23 +48,25 @@ def chunked_gated_delta_rule(q, k, v, g, beta, h, chunk: int = 64):
     q, k, v = (t.transpose(1, 2).reshape(B, H, n, chunk, -1) for t in (q, k, v))
     g, beta = (t.transpose(1, 2).reshape(B, H, n, chunk) for t in (g, beta))
     G = g.cumsum(-1)
-    diff = G[..., :, None] - G[..., None, :]  # G_i − G_j
     lower = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
-    decay = torch.where(lower, diff, torch.full_like(diff, float("-inf"))).exp()  # e^{G_i−G_j}, j ≤ i
-    strict = decay * (~torch.eye(chunk, dtype=torch.bool, device=q.device))
-    A = beta[..., None] * strict * (k @ k.transpose(-1, -2))  # A_ij = β_i e^{G_i−G_j} k_iᵀk_j, j < i
-    eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
-    qk = decay * (q @ k.transpose(-1, -2))
-    outs = []
+    decay = torch.where(lower, G[..., :, None] - G[..., None, :], float("-inf")).exp()  # e^{G_i−G_j}, j ≤ i
+    eg = G.exp()[..., None]  # [B, H, n, C, 1]
+    A = (beta[..., None] * decay * (k @ k.transpose(-1, -2))).tril(-1)  # β_i e^{G_i−G_j} k_iᵀk_j, j < i
+    # the solve reads only A's strict lower part (unitriangular: the diagonal is taken as 1)
+    W = torch.linalg.solve_triangular(A, beta[..., None] * torch.cat((v, eg * k), -1), upper=False,
+                                      unitriangular=True)
+    Wv, Wk = W.split([Dv, Dk], dim=-1)
+    last = G[..., -1:]  # [B, H, n, 1]
+    kd = ((last - G).exp()[..., None] * k).transpose(-1, -2)  # e^{G_C−G_j} k_j, [B, H, n, Dk, C]
+    entering, us = [], []
     for c in range(n):
-        eg = G[:, :, c].exp()[..., None]  # [B, H, C, 1]
-        rhs = beta[:, :, c, :, None] * (v[:, :, c] - eg * (k[:, :, c] @ h))
-        u = torch.linalg.solve_triangular(eye + A[:, :, c], rhs, upper=False, unitriangular=True)
-        outs.append(eg * (q[:, :, c] @ h) + qk[:, :, c] @ u)
-        last = G[:, :, c, -1:]  # [B, H, 1]
-        w = (last - G[:, :, c]).exp()[..., None] * k[:, :, c]  # e^{G_C−G_j} k_j
-        h = last.exp()[..., None] * h + w.transpose(-1, -2) @ u
-    o = torch.stack(outs, 2).reshape(B, H, n * chunk, -1)[:, :, :T].transpose(1, 2)
+        entering.append(h)
+        u = Wv[:, :, c] - Wk[:, :, c] @ h
+        us.append(u)
+        h = last[:, :, c].exp()[..., None] * h + kd[:, :, c] @ u
+    h0, u = torch.stack(entering, 2), torch.stack(us, 2)  # [B, H, n, Dk, Dv], [B, H, n, C, Dv]
+    o = eg * (q @ h0) + (decay * (q @ k.transpose(-1, -2))) @ u
+    o = o.reshape(B, H, n * chunk, -1)[:, :, :T].transpose(1, 2)
     return o, h
 
 

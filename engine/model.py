@@ -217,8 +217,17 @@ class GatedDeltaNet(nn.Module):
         return q, k, v, g, beta
 
     def conv(self, conv_in: torch.Tensor) -> torch.Tensor:
-        """Causal depthwise conv + SiLU over [B, C, K-1+T] inputs → [B, T, C]."""
-        return F.silu(F.conv1d(conv_in, self.conv1d.weight, groups=self.conv_dim)).transpose(1, 2)
+        """Causal depthwise conv + SiLU over [B, C, K-1+T] inputs → [B, T, C]. Under torch.compile
+        it is written as K shifted products, which the compiler fuses with the SiLU into one
+        kernel, forward and backward (CUDA's depthwise conv kernels take milliseconds at training
+        shapes); eager passes call conv1d."""
+        w = self.conv1d.weight
+        if not torch.compiler.is_compiling():
+            return F.silu(F.conv1d(conv_in, w, groups=self.conv_dim)).transpose(1, 2)
+        K = w.shape[-1]
+        T = conv_in.shape[-1] - K + 1
+        out = sum(conv_in[..., a : a + T] * w[:, :, a] for a in range(K))
+        return F.silu(out).transpose(1, 2)
 
     def forward(self, x, h0: torch.Tensor, conv0: torch.Tensor, snapshots: bool = True):
         """A chain of T positions. Returns (output, states, conv inputs [B, C, K-1+T]); states are
@@ -295,27 +304,7 @@ def run_layers(cfg: ModelConfig, layers, x, cache: Cache | None, start: int, pos
             raise ValueError("a tree mask must have node 0 as its only root")
     feats = {}
     for i, blk in enumerate(layers):
-        y = blk.input_layernorm(x)
-        if blk.kind != "linear_attention":
-            y = blk.self_attn(y, rope, positions, tree_mask, cache, start)
-        elif static:
-            y = blk.linear_attn.forward_static(y, cache, i)
-        else:
-            if cache is not None:
-                h0, conv0 = cache.h[i], cache.conv[i]
-            else:
-                h0 = y.new_zeros(B, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
-                                 cfg.linear_value_head_dim, dtype=state_dtype(y.dtype))
-                conv0 = y.new_zeros(B, blk.linear_attn.conv_dim, cfg.linear_conv_kernel_dim - 1)
-            if parents is not None:
-                y, cache.pending_tree[i] = blk.linear_attn.forward_tree(y, h0, conv0, parents)
-            else:
-                snap = cache is not None and not commit_all  # a pass committed whole keeps its final state only
-                y, states, conv_in = blk.linear_attn(y, h0, conv0, snapshots=snap)
-                if cache is not None:
-                    cache.pending_h[i], cache.pending_conv[i] = states if snap else states[:, None], conv_in
-        x = x + y
-        x = x + blk.mlp(blk.post_attention_layernorm(x))
+        x = blk(x, rope, positions, tree_mask, cache, start, commit_all, parents)
         if i in feature_layers:
             feats[i] = x
     return x, (torch.cat([feats[i] for i in feature_layers], -1) if feature_layers else None)
@@ -324,7 +313,7 @@ def run_layers(cfg: ModelConfig, layers, x, cache: Cache | None, start: int, pos
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.kind = cfg.layer_types[layer]
+        self.kind, self.layer = cfg.layer_types[layer], layer
         if self.kind == "linear_attention":
             self.linear_attn = GatedDeltaNet(cfg, layer)
         else:
@@ -332,6 +321,31 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centered_norm)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centered_norm)
+
+    def forward(self, x, rope, positions, tree_mask, cache: Cache | StaticCache | None = None, start: int = 0,
+                commit_all: bool = False, parents: list[int] | None = None):
+        """One layer of the residual stream (run_layers' arguments). Without a cache (training,
+        feature passes) it reads nothing per layer but its own weights, so that torch.compile of a
+        block compiles each kind of block once (zoo/train.py)."""
+        y = self.input_layernorm(x)
+        i = self.layer
+        if self.kind != "linear_attention":
+            y = self.self_attn(y, rope, positions, tree_mask, cache, start)
+        elif isinstance(cache, StaticCache):
+            y = self.linear_attn.forward_static(y, cache, i)
+        elif cache is None:  # from the zero state, keeping only the final one
+            gdn, c = self.linear_attn, self.linear_attn.cfg
+            h0 = y.new_zeros(x.shape[0], c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim,
+                             dtype=state_dtype(y.dtype))
+            y = gdn(y, h0, y.new_zeros(x.shape[0], gdn.conv_dim, c.linear_conv_kernel_dim - 1), snapshots=False)[0]
+        elif parents is not None:
+            y, cache.pending_tree[i] = self.linear_attn.forward_tree(y, cache.h[i], cache.conv[i], parents)
+        else:
+            snap = not commit_all  # a pass committed whole keeps its final state only
+            y, states, conv_in = self.linear_attn(y, cache.h[i], cache.conv[i], snapshots=snap)
+            cache.pending_h[i], cache.pending_conv[i] = states if snap else states[:, None], conv_in
+        x = x + y
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 @dataclass
@@ -388,13 +402,15 @@ class Model(nn.Module):
 
     def forward(self, tokens: torch.Tensor, cache: Cache | StaticCache | None = None,
                 positions: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None,
-                feature_layers: tuple[int, ...] = (), logits: bool | str = True, commit_all: bool = False) -> Output:
+                feature_layers: tuple[int, ...] = (), logits: bool | str = True, commit_all: bool = False,
+                layers=None) -> Output:
         """tokens [B, T]. With a cache, the T tokens follow its committed length and stay pending
         until `cache.commit`. positions default to consecutive ones; tree_mask [T, T] (row sees
         column) defaults to causal. A StaticCache brings its planned pass instead (positions, masks).
         logits: True (every row), "last" (the last row only) or False. commit_all: the caller will
         commit every token (a prefill): Gated DeltaNet layers then run the chunked form and keep
-        only the final state, not one per position."""
+        only the final state, not one per position. layers: callables standing in for the blocks
+        (default: the blocks; training passes each block compiled)."""
         B, T = tokens.shape
         start = 0
         if isinstance(cache, StaticCache):
@@ -405,7 +421,7 @@ class Model(nn.Module):
             positions = torch.arange(start, start + T, device=tokens.device).expand(B, T)
         if tree_mask is None and not isinstance(cache, StaticCache):
             tree_mask = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
-        x, features = run_layers(self.cfg, self.model.layers, self.model.embed_tokens(tokens), cache, start, positions,
+        x, features = run_layers(self.cfg, layers or self.model.layers, self.model.embed_tokens(tokens), cache, start, positions,
                                  tree_mask, rope_tables(self.inv_freq, positions, self.dtype), feature_layers,
                                  commit_all)
         if logits == "last":

@@ -16,6 +16,7 @@ where rounding breaks a near-tie), at a fraction of the cost when the target is 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +82,10 @@ class Continuation:
     layers: tuple[int, ...]
     features: torch.Tensor | None  # [len(prompt) + len(tokens), F]; None when layers is ()
 
+    def to(self, device) -> Continuation:
+        """The same continuation with its features on `device` (made on a GPU, replayed on CPUs)."""
+        return self if self.features is None else dataclasses.replace(self, features=self.features.to(device))
+
 
 @torch.no_grad()
 def continuation(target: Model, prompt: list[int], max_new: int, layers: tuple[int, ...] = ()) -> Continuation:
@@ -112,7 +117,9 @@ def drafter_taus(cont: Continuation, drafter: Drafter, draft_len: int, eos: set[
     while not done:
         n = len(out)  # the newest token y[n-1] sits at position P + n - 1
         room = len(y) - n - 1
-        lattice = drafter.propose(min(draft_len, room)) if room > 0 else None
+        # a chain accepts nothing past the first miss: drafters may stop there (unless recording)
+        known = y[n:] if policy is trees.chain and record is None else None
+        lattice = drafter.propose(min(draft_len, room), known) if room > 0 else None
         tree = policy(y[n - 1], lattice) if lattice is not None else trees.Tree((y[n - 1],), (-1,))
         argmax = _argmax_along(tree, y[n:])
         path = tree.accept(argmax)

@@ -131,7 +131,7 @@ class NoisyOracle(Drafter):
     def observe(self, committed, next_tokens, feats=None) -> None:
         self.seen += len(committed)
 
-    def propose(self, m: int) -> Lattice:
+    def propose(self, m: int, known: list[int] | None = None) -> Lattice:
         if m <= 0:
             return Lattice.empty()
         rng, k = self.rng, self.k

@@ -6,8 +6,10 @@ every kind → τ on held-out prompts → checkpoint folders + a `zoo.json` mani
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +69,7 @@ class Recipe:
     markov_steps: int = 150  # the Markov head trains alone, on the frozen block drafter
     markov_lr: float = 6e-3
     draft_lm_steps: int = 300
+    draft_lm_corpus_steps: int = 0  # steps on the corpus itself before the draft LM's distillation steps
     eval_prompts: int = 8
     eval_new_tokens: int = 64
     # fraction of the distillation prompts cut like the workloads (signature + docstring of a
@@ -103,15 +106,17 @@ PRESETS = {
                     distill_seqs=768, prompt_len=32, gen_len=128,
                     drafter_steps=300, drafter_batch=16, drafter_lr=2e-3, draft_lm_steps=300,
                     block_steps=400, block_lr=3e-3, workload_prompts=0.5),
-    # code corpus (48.7 M training tokens): the targets see two thirds of it once (1000 × 64 × 512
-    # tokens; a 512-token context covers HumanEval prompts plus their completions), the draft LM
-    # its distillation data about three times (100 × 64 × 512); the two roles build side by side
+    # code corpus (48.7 M training tokens): the targets see it 2.7 times (4000 compiled steps × 64 ×
+    # 512 tokens; a 512-token context covers HumanEval prompts plus their completions), the draft LM
+    # 0.4 of it and then its distillation data about three times (100 × 64 × 512); the two roles
+    # build side by side
     "small": Recipe("small", vocab=16384, target=Shape(512, 8, 8, 4, 1536), draft_lm=Shape(192, 2, 4, 2, 512),
-                    target_steps=1000, target_batch=64, seq=512, target_lr=3e-3,
+                    target_steps=4000, target_batch=64, seq=512, target_lr=3e-3, compile_target=True,
+                    draft_lm_corpus_steps=600,
                     distill_seqs=4096, prompt_len=64, gen_len=192,
                     drafter_steps=1200, drafter_batch=64, sequential_batch=32, drafter_lr=1e-3, anchors=8, block_layers=2,
                     draft_lm_steps=100, eval_prompts=8, eval_new_tokens=64, markov_rank=64, markov_steps=600,
-                    markov_lr=3e-3, workload_prompts=0.5, workload_files=0.1, gen_batch=512, corpus="code",
+                    markov_lr=3e-3, workload_prompts=0.5, workload_files=0.1, gen_batch=2048, corpus="code",
                     tokenizer_sample=0.25),
     # a seconds-long build of the whole pipeline for the test suite
     "nano": Recipe("nano", vocab=300, target=Shape(32, 2, 2, 1, 64), draft_lm=Shape(32, 1, 2, 1, 64),
@@ -229,10 +234,28 @@ def distillation_data(r: Recipe, target: Model, train_ids: torch.Tensor, fn_prom
     return seqs, train.target_features(target, seqs, layers)
 
 
+@contextlib.contextmanager
+def uncompiled_decoders():
+    """The build's evaluation decodes are short (eval_prompts × eval_new_tokens tokens): compiling a
+    decoder step for them costs more than it saves, so on a GPU their CUDA graphs run uncompiled
+    (as SPECPILOT_COMPILE=0 asks)."""
+    old = os.environ.get("SPECPILOT_COMPILE")
+    os.environ["SPECPILOT_COMPILE"] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["SPECPILOT_COMPILE"]
+        else:
+            os.environ["SPECPILOT_COMPILE"] = old
+
+
 def eval_continuations(r: Recipe, target: Model, prompts: dict[str, list[list[int]]]) -> dict[str, list[Continuation]]:
     """Per workload, each evaluation prompt's greedy continuation and the target's features along it."""
     layers = tuple(drafter_config(r, "block", target.cfg).target_layers)
-    return {k: [continuation(target, p[-PROMPT_TOKENS:], r.eval_new_tokens, layers) for p in ps] for k, ps in prompts.items()}
+    with uncompiled_decoders():
+        return {k: [continuation(target, p[-PROMPT_TOKENS:], r.eval_new_tokens, layers) for p in ps]
+                for k, ps in prompts.items()}
 
 
 def prompt_taus(target: Model, drafter, conts: list[Continuation], draft_len: int) -> list[list[int]]:
@@ -368,6 +391,9 @@ def build_role(r: Recipe, role: str, inp: Inputs, out: Path, device: str, log, t
     # the classic standalone draft model, trained on the same greedy continuations
     t = time.perf_counter()
     lm = randomize(Model(draft_lm_config(r)), r.seed + 6).to(device)
+    if r.draft_lm_corpus_steps:
+        train.train_lm(lm, train_ids, r.draft_lm_corpus_steps, r.target_batch, r.seq, r.target_lr, r.seed + 8,
+                       f"{role} draft LM (corpus)", log, device)
     train.train_lm(lm, seqs.flatten(), r.draft_lm_steps, r.target_batch, r.seq, r.target_lr, r.seed + 7,
                    f"{role} draft LM", log, device)
     timings[f"{role}_draft_lm_s"] = time.perf_counter() - t

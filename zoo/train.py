@@ -89,10 +89,16 @@ def prompt_windows(prompts: list[list[int]], n: int, length: int, gen: torch.Gen
 
 
 # ---- targets --------------------------------------------------------------------------------
+def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
 def train_lm(model: Model, stream: torch.Tensor, steps: int, batch: int, seq: int, lr: float, seed: int,
              desc: str, log: Log | None, device="cpu", compile: bool = False) -> float:
-    """Next-token training on random windows of `stream`; with `compile` on a GPU, the forward and
-    loss run through torch.compile (a compiler failure warns and trains eagerly)."""
+    """Next-token training on random windows of `stream`; with `compile` on a GPU, each block and the
+    loss run through torch.compile (a compiler failure warns and trains eagerly). Blocks of one kind
+    share their compiled code, so a hybrid target compiles two blocks, not one graph of all its
+    layers."""
     gen = torch.Generator().manual_seed(seed)
     # every step's window starts drawn up front (as `windows` draws them, step by step), and the
     # stream on the device: a step gathers its batch there, with no host-to-device copy
@@ -100,12 +106,12 @@ def train_lm(model: Model, stream: torch.Tensor, steps: int, batch: int, seq: in
     starts, stream = starts.to(device), stream.to(device)
     span = torch.arange(seq + 1, device=device)
     model.train()
+    compiled = None
+    if compile and str(device).startswith("cuda"):
+        blocks, loss = [torch.compile(b) for b in model.model.layers], torch.compile(next_token_loss)
 
-    def window_loss(x):
-        logits = model(x[:, :-1]).logits
-        return F.cross_entropy(logits.flatten(0, 1).float(), x[:, 1:].flatten())
-
-    compiled = torch.compile(window_loss) if compile and str(device).startswith("cuda") else None
+        def compiled(x):
+            return loss(model(x[:, :-1], layers=blocks).logits, x[:, 1:])
 
     def loss_fn(step):
         nonlocal compiled
@@ -117,7 +123,7 @@ def train_lm(model: Model, stream: torch.Tensor, steps: int, batch: int, seq: in
                 warnings.warn(f"{desc}: torch.compile failed ({type(e).__name__}); training eagerly",
                               RuntimeWarning, stacklevel=2)
                 compiled = None
-        return window_loss(x)
+        return next_token_loss(model(x[:, :-1]).logits, x[:, 1:])
 
     out = fit(model.parameters(), steps, lr, loss_fn, desc, log)
     model.eval()

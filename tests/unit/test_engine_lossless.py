@@ -95,6 +95,8 @@ def test_drafter_replay_gives_the_online_taus(family, kind, seed, data, draft_le
     cont = continuation(tgt, prompt, max_new, tuple(d.target_layers))
     assert cont.tokens == free
     assert drafter_taus(cont, d, draft_len, eos, build, rec_off) == [s.tau for s in online.steps]
+    if policy == "chain":  # unrecorded, the stock chain lets drafters stop at their first miss: the same τs
+        assert drafter_taus(cont, make_drafter(kind, family, seed), draft_len, eos) == [s.tau for s in online.steps]
     # the same drafts at every step (what the drafter saw — tokens and target features — was the same)
     assert [(s.room, s.tree_tokens, s.emitted) for s in rec_off] == [(s.room, s.tree_tokens, s.emitted) for s in rec_on]
 

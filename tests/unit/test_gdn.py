@@ -43,3 +43,24 @@ def test_chunked_form_is_differentiable_like_the_recurrence():
         grads.append([x.grad for x in xs])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+def test_compiled_conv_form_equals_conv1d(monkeypatch):
+    """Under torch.compile the GDN conv is written as shifted products (one fused kernel): the same
+    values as conv1d, on every position and channel."""
+    from specpilot.engine.config import ModelConfig
+    from specpilot.engine.model import GatedDeltaNet
+
+    cfg = ModelConfig(family="qwen3_next", vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=8, layer_types=["linear_attention"],
+                      linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=4,
+                      linear_value_head_dim=4)
+    gdn = GatedDeltaNet(cfg, 0).double()
+    torch.nn.init.normal_(gdn.conv1d.weight, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(3, gdn.conv_dim, cfg.linear_conv_kernel_dim - 1 + 11, generator=torch.Generator().manual_seed(2),
+                    dtype=torch.float64)
+    eager = gdn.conv(x)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    shifted = gdn.conv(x)
+    assert shifted.shape == eager.shape == (3, 11, gdn.conv_dim)
+    torch.testing.assert_close(shifted, eager, rtol=1e-12, atol=1e-12)

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The small set on one GPU machine, end to end, in the order its figures need:
+#   1. `specpilot zoo build --preset small` alone on the GPU (its time is a bar: nothing else runs);
+#   2. realism of the new targets and the shipped micro set (GPU), beside τ of every drafter
+#      (bench/zoo_tau.py) and of every tree policy (bench/zoo_trees.py) on 164 HumanEval prompts —
+#      continuations on the GPU, drafters replayed on the CPU cores, JOBS processes each;
+#   3. the GPU test suite, once realism is done.
+# Usage (repository root, GPU machine, package installed): bash bench/zoo_small_gpu.sh DIR
+# DIR receives the results (zoo_*.json), the build's manifest and every log; `done` marks the end.
+set -uo pipefail
+dir=${1:?usage: bash bench/zoo_small_gpu.sh DIR}
+jobs=${JOBS:-6}
+mkdir -p "$dir"
+export PYTHONUNBUFFERED=1
+log() { echo "[$(date +%T)] $*" | tee -a "$dir/pipeline.log"; }
+
+log "build"
+if ! specpilot zoo build --preset small --device cuda --out out/small >"$dir/zoo_small_build.log" 2>&1; then
+    log "build failed (see zoo_small_build.log)"
+    touch "$dir/done"
+    exit 1
+fi
+cp out/small/zoo.json "$dir/zoo_small_build_h200.json"
+log "build done; realism, tau and trees"
+SPECPILOT_COMPILE=0 python bench/zoo_realism.py --zoo out/small --baseline zoo/checkpoints/micro --device cuda \
+    --out "$dir/zoo_realism.json" >"$dir/realism.log" 2>&1 &
+realism=$!
+SPECPILOT_COMPILE=0 python bench/zoo_tau.py --zoo out/small --device cuda --replay-device cpu --prompts 164 \
+    --jobs "$jobs" --out "$dir/zoo_tau_small_164.json" >"$dir/tau.log" 2>&1 &
+SPECPILOT_COMPILE=0 python bench/zoo_trees.py --zoo out/small --device cuda --replay-device cpu --prompts 164 \
+    --jobs "$jobs" --out "$dir/zoo_trees_small.json" >"$dir/trees.log" 2>&1 &
+wait "$realism"; log "realism exit $?; GPU tests"
+python -m pytest -q -p no:cacheprovider tests/gpu >"$dir/gpu_tests_h200.log" 2>&1
+log "GPU tests exit $?"
+wait
+log "all done"
+touch "$dir/done"
