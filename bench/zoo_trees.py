@@ -22,6 +22,7 @@ import concurrent.futures
 import datetime
 import json
 import multiprocessing
+import pickle
 import sys
 import time
 from pathlib import Path
@@ -81,6 +82,9 @@ def measure_prompts(zoo: Path, role: str, prompts: list[list[int]], new_tokens: 
             rec: list = []
             drafter_taus(c, d, DRAFT_LEN, eos, make_policy("best-first:63"), rec)
             row["record"].append(rec)
+        # pickled here, by value: thousands of lattice tensors handed to the parent one file
+        # descriptor each (torch's sharing) run out of descriptors
+        row["record"] = pickle.dumps(row["record"])
         row["seconds"] = time.perf_counter() - t
         out["kinds"][kind] = row
     return out
@@ -91,12 +95,15 @@ def measure_role(zoo: Path, role: str, prompts: list[list[int]], new_tokens: int
     """measure_prompts over all prompts, dealt round-robin to `jobs` processes (per-prompt lists
     come back in prompt order; seconds are summed over processes)."""
     if pool is None:
-        return measure_prompts(zoo, role, prompts, new_tokens, device, None, replay_device)
+        out = measure_prompts(zoo, role, prompts, new_tokens, device, None, replay_device)
+        for row in out["kinds"].values():
+            row["record"] = pickle.loads(row["record"])
+        return out
     parts = list(pool.map(measure_prompts, *zip(*[(zoo, role, prompts[i::jobs], new_tokens, device, 1, replay_device)
                                                   for i in range(jobs)])))
     out = {"continuations_s": sum(p["continuations_s"] for p in parts), "kinds": {}}
     for kind in KINDS:
-        rows = [p["kinds"][kind] for p in parts]
+        rows = [p["kinds"][kind] | {"record": pickle.loads(p["kinds"][kind]["record"])} for p in parts]
         out["kinds"][kind] = {key: sum(r[key] for r in rows) if key == "seconds"
                               else [rows[i % jobs][key][i // jobs] for i in range(len(prompts))] for key in rows[0]}
     return out
