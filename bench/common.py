@@ -10,3 +10,21 @@ from specpilot import gitrun
 def git_sha() -> str:
     """The commit of this checkout (gitrun.head_sha: GIT_SHA wins, "+dirty" for changed files)."""
     return gitrun.head_sha(Path(__file__).resolve().parent)
+
+
+def deal(fn, prompts: list, jobs: int, pool, *args) -> dict:
+    """`fn(prompts, *args, threads=None)` → {"continuations_s": s, "kinds": {kind: {key: per-prompt
+    list, or seconds under keys ending in "_s"}}}, run here on every prompt (no pool), or with the
+    prompts dealt round-robin to `jobs` pool processes of one torch thread each: per-prompt lists
+    come back in prompt order, seconds are summed over processes."""
+    if pool is None:
+        return fn(prompts, *args)
+    parts = list(pool.map(fn, *zip(*[(prompts[i::jobs], *args, 1) for i in range(jobs)])))
+    out = {"continuations_s": sum(p["continuations_s"] for p in parts), "kinds": {}}
+    for kind in parts[0]["kinds"]:
+        row = out["kinds"][kind] = {}
+        for key in parts[0]["kinds"][kind]:
+            vals = [p["kinds"][kind][key] for p in parts]
+            # prompt i went to process i % jobs, as its (i // jobs)-th prompt
+            row[key] = sum(vals) if key.endswith("_s") else [vals[i % jobs][i // jobs] for i in range(len(prompts))]
+    return out

@@ -29,7 +29,7 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import git_sha  # noqa: E402
+from common import deal, git_sha  # noqa: E402
 
 from specpilot.engine.checkpoint import load_model  # noqa: E402
 from specpilot.engine.decode import generate  # noqa: E402
@@ -47,34 +47,35 @@ def bootstrap(per_prompt: list[list[int]], n: int = 2000, seed: int = 0) -> tupl
     return stats[int(0.025 * n)], stats[int(0.975 * n) - 1]
 
 
-def load_pair(zoo: Path, manifest: dict, role: str, device: str):
-    """(target, tokenizer, {kind: drafter}) of one target of a built set, in float32."""
+def load_pair(zoo: Path, manifest: dict, role: str, device: str, maker_device: str):
+    """(target, the target on maker_device, tokenizer, {kind: drafter}) of one target of a built
+    set, in float32 (the target is loaded once when the devices agree)."""
     entry = next(m for m in manifest["models"] if m["role"] == "target" and m["name"] == role)
     target = load_model(zoo / entry["path"], torch.float32, device)
+    maker = target if maker_device == device else load_model(zoo / entry["path"], torch.float32, maker_device)
     drafters = {"ngram": load_drafter("ngram")}
     for m in manifest["models"]:
         if m["role"] == "drafter" and m["target"] == role:
             drafters[m["kind"]] = load_drafter(str(zoo / m["path"]), torch.float32, device, target)
-    return target, tok_mod.load(zoo / entry["path"]), drafters
+    return target, maker, tok_mod.load(zoo / entry["path"]), drafters
 
 
-def measure(zoo: Path, role: str, prompts: list[str], new: int, device: str, online: bool, bar: bool = True,
-            threads: int | None = None, replay_device: str | None = None) -> dict:
+def measure(prompts: list[str], zoo: Path, role: str, new: int, device: str, online: bool,
+            replay_device: str | None = None, threads: int | None = None) -> dict:
     """Per drafter kind of target `role`: each prompt's replayed step τs (and online ones), with
-    the seconds spent; `continuations_s` is the AR continuations' time. threads: torch's (pool
-    workers: 1); replay_device: where the drafters run (default: `device`, where the continuations
-    are made)."""
+    the seconds spent; `continuations_s` is the AR continuations' time. The continuations are made
+    on `device`, the drafters run on `replay_device` (default: the same). threads: torch's (pool
+    workers: 1, without progress bars)."""
     if threads:
         torch.set_num_threads(threads)
     manifest = json.loads((zoo / "zoo.json").read_text())
     draft_len = manifest["tau_measure"]["draft_len"]
     replay_device = replay_device or device
-    target, tok, drafters = load_pair(zoo, manifest, role, replay_device)
-    maker = target if replay_device == device else load_model(zoo / role, torch.float32, device)
+    target, maker, tok, drafters = load_pair(zoo, manifest, role, replay_device, device)
     layers = next((tuple(d.target_layers) for d in drafters.values() if d.target_layers), ())
     t = time.perf_counter()
     conts = [continuation(maker, tok_mod.encode(tok, p)[-PROMPT_TOKENS:], new, layers).to(replay_device)
-             for p in tqdm(prompts, desc=f"{role} continuations", leave=False, disable=not bar)]
+             for p in tqdm(prompts, desc=f"{role} continuations", leave=False, disable=threads is not None)]
     out = {"continuations_s": time.perf_counter() - t, "kinds": {}}
     for kind, d in drafters.items():
         t = time.perf_counter()
@@ -86,26 +87,6 @@ def measure(zoo: Path, role: str, prompts: list[str], new: int, device: str, onl
                              for c in conts]
             row["online_s"] = time.perf_counter() - t
         out["kinds"][kind] = row
-    return out
-
-
-def measure_split(zoo: Path, role: str, prompts: list[str], new: int, device: str, online: bool, pool=None,
-                  jobs: int = 1, replay_device: str | None = None) -> dict:
-    """`measure`, or with a pool of `jobs` processes the prompts dealt round-robin to them; per-prompt
-    lists come back in prompt order, seconds are summed over processes."""
-    if pool is None:
-        return measure(zoo, role, prompts, new, device, online, replay_device=replay_device)
-    parts = list(pool.map(measure, *zip(*[(zoo, role, prompts[i::jobs], new, device, online, False, 1, replay_device)
-                                          for i in range(jobs)])))
-    out = {"continuations_s": sum(p["continuations_s"] for p in parts), "kinds": {}}
-    for kind in parts[0]["kinds"]:
-        row = out["kinds"][kind] = {}
-        for key in parts[0]["kinds"][kind]:
-            vals = [p["kinds"][kind][key] for p in parts]
-            if key.endswith("_s"):
-                row[key] = sum(vals)
-            else:  # prompt i went to process i % jobs, as its (i // jobs)-th prompt
-                row[key] = [vals[i % jobs][i // jobs] for i in range(len(prompts))]
     return out
 
 
@@ -142,8 +123,8 @@ def main() -> int:
     for w, reqs in workload_reqs.items():  # HumanEval first: the issue's bars are on it
         for role in tqdm(roles, desc=w, leave=False):
             t = time.perf_counter()
-            got = measure_split(zoo, role, [q.prompt for q in reqs], new, args.device, args.online, pool, args.jobs,
-                                args.replay_device)
+            got = deal(measure, [q.prompt for q in reqs], args.jobs, pool, zoo, role, new, args.device, args.online,
+                       args.replay_device)
             result.setdefault("wall_s", {})[f"{role}+{w}"] = time.perf_counter() - t
             for kind, r in got["kinds"].items():
                 per_prompt = r["replay"]

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import git_sha  # noqa: E402
+from common import deal, git_sha  # noqa: E402
 
 from specpilot.engine.checkpoint import load_model  # noqa: E402
 from specpilot.engine.drafters import Lattice, load_drafter  # noqa: E402
@@ -57,11 +57,11 @@ def mean(xs):
     return sum(xs) / max(1, len(xs))
 
 
-def measure_prompts(zoo: Path, role: str, prompts: list[list[int]], new_tokens: int, device: str,
-                    threads: int | None, replay_device: str | None = None) -> dict:
+def measure_prompts(prompts: list[list[int]], zoo: Path, role: str, new_tokens: int, device: str,
+                    replay_device: str | None = None, threads: int | None = None) -> dict:
     """Per drafter kind of target `role`: per prompt, the exact τs of chain and best-first:32 and the
-    best-first:63 record; with the seconds spent (continuations apart). The continuations are made
-    on `device`, the drafters run on `replay_device` (default: the same)."""
+    best-first:63 record (pickled); with the seconds spent (continuations apart). The continuations
+    are made on `device`, the drafters run on `replay_device` (default: the same)."""
     if threads:
         torch.set_num_threads(threads)
     replay_device = replay_device or device
@@ -81,37 +81,17 @@ def measure_prompts(zoo: Path, role: str, prompts: list[list[int]], new_tokens: 
         for c in conts:
             rec: list = []
             drafter_taus(c, d, DRAFT_LEN, eos, make_policy("best-first:63"), rec)
-            row["record"].append(rec)
-        # pickled here, by value: thousands of lattice tensors handed to the parent one file
-        # descriptor each (torch's sharing) run out of descriptors
-        row["record"] = pickle.dumps(row["record"])
-        row["seconds"] = time.perf_counter() - t
+            # pickled by value: thousands of lattice tensors handed between processes one file
+            # descriptor each (torch's sharing) run out of descriptors
+            row["record"].append(pickle.dumps(rec))
+        row["replay_s"] = time.perf_counter() - t
         out["kinds"][kind] = row
-    return out
-
-
-def measure_role(zoo: Path, role: str, prompts: list[list[int]], new_tokens: int, device: str, pool, jobs: int,
-                 replay_device: str | None = None) -> dict:
-    """measure_prompts over all prompts, dealt round-robin to `jobs` processes (per-prompt lists
-    come back in prompt order; seconds are summed over processes)."""
-    if pool is None:
-        out = measure_prompts(zoo, role, prompts, new_tokens, device, None, replay_device)
-        for row in out["kinds"].values():
-            row["record"] = pickle.loads(row["record"])
-        return out
-    parts = list(pool.map(measure_prompts, *zip(*[(zoo, role, prompts[i::jobs], new_tokens, device, 1, replay_device)
-                                                  for i in range(jobs)])))
-    out = {"continuations_s": sum(p["continuations_s"] for p in parts), "kinds": {}}
-    for kind in KINDS:
-        rows = [p["kinds"][kind] | {"record": pickle.loads(p["kinds"][kind]["record"])} for p in parts]
-        out["kinds"][kind] = {key: sum(r[key] for r in rows) if key == "seconds"
-                              else [rows[i % jobs][key][i // jobs] for i in range(len(prompts))] for key in rows[0]}
     return out
 
 
 def summarize(row: dict) -> dict:
     """Pooled τ of the exact runs and of every replayed policy on the best-first:63 record."""
-    rec = [s for r in row["record"] for s in r]
+    rec = [s for r in row["record"] for s in pickle.loads(r)]
     profile = acceptance_profile(rec)
     rp = {spec: mean(replay(rec, spec, profile)) for spec in
           ("chain", "best-first:16", "best-first:32", "best-first:63", "topk:4:16", "sequoia:16", "oracle")}
@@ -119,7 +99,7 @@ def summarize(row: dict) -> dict:
     rp["chain@8"] = mean(replay(truncated(rec, 8), "chain"))
     rp["best-first:32 unconditioned"] = mean(replay(truncated(rec, 16, drop_trans=True), "best-first:32"))
     exact = {spec: mean([t for p in row[spec] for t in p]) for spec in ("chain", "best-first:32")}
-    return {"exact": exact, "replay": rp, "replay_steps": len(rec), "seconds": row["seconds"]}
+    return {"exact": exact, "replay": rp, "replay_steps": len(rec), "seconds": row["replay_s"]}
 
 
 def snapshot_memory(cfg, n: int = 32) -> dict:
@@ -175,7 +155,7 @@ def main() -> int:
         if args.jobs > 1 else None
     for role in ("dense", "hybrid"):
         t = time.perf_counter()
-        got = measure_role(zoo, role, prompts, args.new_tokens, args.device, pool, args.jobs, args.replay_device)
+        got = deal(measure_prompts, prompts, args.jobs, pool, zoo, role, args.new_tokens, args.device, args.replay_device)
         for kind in KINDS:
             row = result["pairs"][f"{role}+{kind}"] = summarize(got["kinds"][kind])
             row["continuations_s"] = got["continuations_s"]

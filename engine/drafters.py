@@ -207,6 +207,12 @@ class Drafter:
         the first position whose top-1 token differs, since a chain accepts nothing past it."""
 
 
+def missed(known: list[int] | None, i: int, token: int) -> bool:
+    """Whether a chain replayed against `known` (Drafter.propose) stops at drafted position i,
+    whose top-1 token is `token`: nothing past it can be accepted."""
+    return known is not None and (i >= len(known) or token != known[i])
+
+
 def misfit(c: DraftConfig, t, target: str = "this target") -> str | None:
     """Why a feature drafter cannot run on a target (it shares the target's embedding and LM head and reads
     its hidden features at target_layers), or None when it fits."""
@@ -257,7 +263,7 @@ class FeatureDrafter(Drafter):
         logits, hidden = [self.last_logits], self.last_hidden
         for i in range(m - 1):
             tok = logits[-1].argmax().view(1, 1)
-            if known is not None and (i >= len(known) or int(tok) != known[i]):
+            if missed(known, i, int(tok)):
                 break
             hidden, lg = self.net(self.net.rows(tok, hidden, self.emb), self.head, self.cache)
             self.cache.commit(1)
@@ -356,7 +362,7 @@ class DraftLM(Drafter):
             self.cache.commit(1)
             rows.append(lg)
             tok = int(lg.argmax())
-            if known is not None and (i >= len(known) or tok != known[i]):
+            if missed(known, i, tok):
                 break
         self.cache.truncate(base)
         return Lattice.from_logits(torch.stack(rows)) if rows else Lattice.empty()

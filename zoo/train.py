@@ -93,12 +93,18 @@ def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
 
+def compiled_loss(model: Model):
+    """windows [B, T+1] → the next-token loss, with each block of `model` and the loss compiled on
+    their own. Blocks of one kind share their compiled code, so a hybrid target compiles two blocks
+    (and the loss), not one graph of all its layers."""
+    blocks, loss = [torch.compile(b) for b in model.model.layers], torch.compile(next_token_loss)
+    return lambda x: loss(model(x[:, :-1], layers=blocks).logits, x[:, 1:])
+
+
 def train_lm(model: Model, stream: torch.Tensor, steps: int, batch: int, seq: int, lr: float, seed: int,
              desc: str, log: Log | None, device="cpu", compile: bool = False) -> float:
-    """Next-token training on random windows of `stream`; with `compile` on a GPU, each block and the
-    loss run through torch.compile (a compiler failure warns and trains eagerly). Blocks of one kind
-    share their compiled code, so a hybrid target compiles two blocks, not one graph of all its
-    layers."""
+    """Next-token training on random windows of `stream`; with `compile` on a GPU, through
+    `compiled_loss` (a compiler failure warns and trains eagerly)."""
     gen = torch.Generator().manual_seed(seed)
     # every step's window starts drawn up front (as `windows` draws them, step by step), and the
     # stream on the device: a step gathers its batch there, with no host-to-device copy
@@ -106,12 +112,7 @@ def train_lm(model: Model, stream: torch.Tensor, steps: int, batch: int, seq: in
     starts, stream = starts.to(device), stream.to(device)
     span = torch.arange(seq + 1, device=device)
     model.train()
-    compiled = None
-    if compile and str(device).startswith("cuda"):
-        blocks, loss = [torch.compile(b) for b in model.model.layers], torch.compile(next_token_loss)
-
-        def compiled(x):
-            return loss(model(x[:, :-1], layers=blocks).logits, x[:, 1:])
+    compiled = compiled_loss(model) if compile and str(device).startswith("cuda") else None
 
     def loss_fn(step):
         nonlocal compiled

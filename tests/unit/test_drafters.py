@@ -87,6 +87,24 @@ def test_sequential_drafter_conditions_on_its_own_tokens(target):
     assert d.cache.length == 3
 
 
+@pytest.mark.parametrize("kind", ["sequential", "draft_lm"])
+def test_a_known_continuation_stops_drafting_after_the_first_miss(kind, target):
+    """Drafters that draft position by position stop after the first position whose top-1 token is
+    not the known one (a chain accepts nothing past it); the positions they did draft are the
+    full proposal's, and the cache is rolled back either way."""
+    d = primed(FeatureDrafter(random_drafter_net("sequential", target.cfg, seed=4), target) if kind == "sequential"
+               else DraftLM(random_model(tiny_config("llama", vocab=97), seed=5)), target, [3, 4, 5])
+    full = d.propose(6)
+    own = full.tokens[:, 0].tolist()
+    for miss in range(6):  # the known tokens agree with the drafter's up to position `miss`
+        known = own[:miss] + [(own[miss] + 1) % 97] + own[miss + 1:]
+        lat = d.propose(6, known)
+        assert lat.positions == miss + 1
+        assert torch.equal(lat.tokens, full.tokens[: miss + 1])
+    assert d.propose(6, own).positions == 6 and d.propose(6, own[:2]).positions == 3
+    assert torch.equal(d.propose(6).tokens, full.tokens)  # the cache was rolled back
+
+
 def test_block_drafts_at_most_its_block(target):
     d = primed(FeatureDrafter(random_drafter_net("block", target.cfg, seed=4, block=5), target), target, [3, 4, 5])
     assert d.propose(16).positions == 5
