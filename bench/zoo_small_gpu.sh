@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # The small set on one GPU machine, end to end, in the order its figures need:
+#   0. one Gated DeltaNet layer's training step per chunk size (bench/gdn_train_step.py), before
+#      the build, on the idle GPU;
 #   1. `specpilot zoo build --preset small` alone on the GPU (its time is a bar: nothing else runs);
 #   2. realism of the new targets and the shipped micro set (GPU), beside τ of every drafter
 #      (bench/zoo_tau.py) and of every tree policy (bench/zoo_trees.py) on 164 HumanEval prompts —
@@ -9,11 +11,14 @@
 # DIR receives the results (zoo_*.json), the build's manifest and every log; `done` marks the end.
 set -uo pipefail
 dir=${1:?usage: bash bench/zoo_small_gpu.sh DIR}
-jobs=${JOBS:-6}
+jobs=${JOBS:-7}
 mkdir -p "$dir"
 export PYTHONUNBUFFERED=1
 log() { echo "[$(date +%T)] $*" | tee -a "$dir/pipeline.log"; }
 
+log "GDN layer step"
+python bench/gdn_train_step.py --device cuda --chunks 32,64 --reps 10 --out "$dir/gdn_train_step_h200.json" \
+    >"$dir/gdn_train_step.log" 2>&1
 log "build"
 if ! specpilot zoo build --preset small --device cuda --out out/small >"$dir/zoo_small_build.log" 2>&1; then
     log "build failed (see zoo_small_build.log)"

@@ -184,6 +184,7 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(dv, cfg.rms_norm_eps)
         self.out_proj = nn.Linear(self.value_dim, cfg.hidden_size, bias=False)
         self.in_proj = None  # (weight, None) of in_proj_qkvz and in_proj_ba once fused
+        self.chunk = 64  # positions per chunk of the parallel form (any size gives the same outputs)
 
     def split(self, x):
         """Projections in the checkpoint's per-key-head grouped layout → q, k, v, z, b, a."""
@@ -237,7 +238,10 @@ class GatedDeltaNet(nn.Module):
         mixed = torch.cat((q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1)), dim=-1)
         conv_in = torch.cat((conv0, mixed.transpose(1, 2)), dim=-1)
         q, k, v, g, beta = self.rule_inputs(self.conv(conv_in), b, a)
-        out, states = (gated_delta_rule if snapshots else chunked_gated_delta_rule)(q, k, v, g, beta, h0)
+        if snapshots:
+            out, states = gated_delta_rule(q, k, v, g, beta, h0)
+        else:
+            out, states = chunked_gated_delta_rule(q, k, v, g, beta, h0, self.chunk)
         out = self.norm(out.to(x.dtype), z)
         return self.out_proj(out.reshape(B, T, -1)), states, conv_in
 

@@ -11,10 +11,13 @@ import dataclasses
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 from queue import Empty
 
+import numpy as np
 import torch
 
 from specpilot import gitrun
@@ -49,7 +52,7 @@ class Recipe:
     vocab: int
     target: Shape
     draft_lm: Shape
-    target_steps: int
+    target_steps: int  # the hybrid target's (and the dense target's, unless dense_steps says otherwise)
     target_batch: int
     seq: int
     target_lr: float
@@ -59,6 +62,7 @@ class Recipe:
     drafter_steps: int
     drafter_batch: int
     drafter_lr: float
+    dense_steps: int | None = None  # None: target_steps
     sequential_batch: int = 8  # its unrolled steps cost 3×: fewer sequences per step
     block: int = 16
     block_layers: int = 1  # block drafters draft every position in one pass: depth is cheap for them
@@ -106,17 +110,18 @@ PRESETS = {
                     distill_seqs=768, prompt_len=32, gen_len=128,
                     drafter_steps=300, drafter_batch=16, drafter_lr=2e-3, draft_lm_steps=300,
                     block_steps=400, block_lr=3e-3, workload_prompts=0.5),
-    # code corpus (48.7 M training tokens): the targets see it 2.7 times (4000 compiled steps × 64 ×
-    # 512 tokens; a 512-token context covers HumanEval prompts plus their completions), the draft LM
-    # 0.4 of it and then its distillation data about three times (100 × 64 × 512); the two roles
-    # build side by side
-    "small": Recipe("small", vocab=16384, target=Shape(512, 8, 8, 4, 1536), draft_lm=Shape(192, 2, 4, 2, 512),
-                    target_steps=4000, target_batch=64, seq=512, target_lr=3e-3, compile_target=True,
-                    draft_lm_corpus_steps=600,
-                    distill_seqs=4096, prompt_len=64, gen_len=192,
+    # code corpus (48.7 M training tokens): the hybrid target sees it 2.7 times (4000 compiled steps
+    # × 64 × 512 tokens; a 512-token context covers HumanEval prompts plus their completions), the
+    # dense one, cheaper per step, 3.4 times (5000 steps); the draft LM (trained once for both roles)
+    # 0.8 of it and then its distillation data about once (100 × 64 × 512 tokens of 12288 × 256);
+    # feature drafters see their 12288 sequences 3 (sequential) to 6 times; the roles build side by side
+    "small": Recipe("small", vocab=16384, target=Shape(512, 8, 8, 4, 1536), draft_lm=Shape(256, 4, 4, 2, 768),
+                    target_steps=4000, dense_steps=5000, target_batch=64, seq=512, target_lr=3e-3, compile_target=True,
+                    draft_lm_corpus_steps=1200,
+                    distill_seqs=12288, prompt_len=64, gen_len=192,
                     drafter_steps=1200, drafter_batch=64, sequential_batch=32, drafter_lr=1e-3, anchors=8, block_layers=2,
                     draft_lm_steps=100, eval_prompts=8, eval_new_tokens=64, markov_rank=64, markov_steps=600,
-                    markov_lr=3e-3, workload_prompts=0.5, workload_files=0.1, gen_batch=2048, corpus="code",
+                    markov_lr=3e-3, workload_prompts=0.5, workload_files=0.1, gen_batch=4096, corpus="code",
                     tokenizer_sample=0.25),
     # a seconds-long build of the whole pipeline for the test suite
     "nano": Recipe("nano", vocab=300, target=Shape(32, 2, 2, 1, 64), draft_lm=Shape(32, 1, 2, 1, 64),
@@ -176,11 +181,12 @@ def params(module: torch.nn.Module) -> int:
 
 
 def encode_docs(tok, docs) -> torch.Tensor:
-    """Every document's tokens, each followed by EOS (id 0), in one stream (batched: the tokenizer's threads)."""
-    ids = []
-    for enc in tok.encode_batch([d.text for d in docs], add_special_tokens=False):
-        ids += enc.ids + [0]
-    return torch.tensor(ids, dtype=torch.long)
+    """Every document's tokens, each followed by EOS (id 0), in one stream (batched: the tokenizer's
+    threads; joined in numpy, as a Python list of tens of millions of ids costs seconds)."""
+    encs = tok.encode_batch([d.text for d in docs], add_special_tokens=False)
+    eos = np.zeros(1, dtype=np.int64)
+    parts = [a for e in encs for a in (np.asarray(e.ids, dtype=np.int64), eos)]
+    return torch.from_numpy(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
 
 
 def eval_prompts(r: Recipe, tok) -> dict[str, list[list[int]]]:
@@ -219,7 +225,8 @@ def distill_prompts(r: Recipe, train_ids: torch.Tensor, fn_prompts: list[list[in
 def train_target(r: Recipe, hybrid: bool, train_ids: torch.Tensor, device: str, log) -> Model:
     """The preset's dense or hybrid target, trained on the corpus (float32, in training precision)."""
     target = randomize(Model(target_config(r, hybrid)), r.seed + 1).to(device)
-    train.train_lm(target, train_ids, r.target_steps, r.target_batch, r.seq, r.target_lr, r.seed + 2,
+    steps = r.target_steps if hybrid else r.dense_steps or r.target_steps
+    train.train_lm(target, train_ids, steps, r.target_batch, r.seq, r.target_lr, r.seed + 2,
                    f"{'hybrid' if hybrid else 'dense'} target", log, device, compile=r.compile_target)
     return target
 
@@ -325,15 +332,52 @@ def prepare(r: Recipe, log=print) -> Inputs:
     log(f"corpus: {len(corpus.train)} train / {len(corpus.heldout)} held-out files, sha256 {corpus.sha256[:12]}")
     tok_docs = corpus_mod.subsample(corpus.train, r.tokenizer_sample)
     tok, tokenizer_s = train.timed(tok_mod.train_tokenizer, [d.text for d in tok_docs], r.vocab)
-    train_ids, held_ids = encode_docs(tok, corpus.train), encode_docs(tok, corpus.heldout)
+    # the prompts' parsing (Python) runs beside the encoding (the tokenizer's threads release the GIL)
+    with ThreadPoolExecutor(1) as pool:
+        fn = pool.submit(workload_like_prompts, tok, corpus_mod.subsample(corpus.train, r.workload_files)) \
+            if r.workload_prompts else None
+        evals = pool.submit(eval_prompts, r, tok)
+        train_ids, held_ids = encode_docs(tok, corpus.train), encode_docs(tok, corpus.heldout)
+        fn_prompts, prompts = fn.result() if fn else [], evals.result()
     log(f"tokenizer: vocab {tok.get_vocab_size()}, {len(train_ids)} train / {len(held_ids)} held-out tokens")
-    return Inputs(corpus, tok, train_ids, held_ids, eval_prompts(r, tok),
-                  workload_like_prompts(tok, corpus_mod.subsample(corpus.train, r.workload_files)) if r.workload_prompts else [], tokenizer_s)
+    return Inputs(corpus, tok, train_ids, held_ids, prompts, fn_prompts, tokenizer_s)
 
 
-def build_role(r: Recipe, role: str, inp: Inputs, out: Path, device: str, log, t_all: float) -> tuple[list, dict]:
+def corpus_draft_lm(r: Recipe, train_ids: torch.Tensor, device: str, log) -> dict[str, torch.Tensor]:
+    """The draft LM's weights after its corpus steps (on the CPU). Seeded by the recipe alone, so
+    both roles start their draft LMs from it and a build trains it once."""
+    lm = randomize(Model(draft_lm_config(r)), r.seed + 6).to(device)
+    if r.draft_lm_corpus_steps:
+        train.train_lm(lm, train_ids, r.draft_lm_corpus_steps, r.target_batch, r.seq, r.target_lr, r.seed + 8,
+                       "draft LM (corpus)", log, device)
+    return {k: v.detach().cpu() for k, v in lm.state_dict().items()}
+
+
+class Handoff:
+    """Hands one role process's `corpus_draft_lm` to the other forked role processes, through a
+    file under the build's folder; `failed` (set by the parent when a role process fails) ends a wait."""
+
+    def __init__(self, ctx, path: Path):
+        self.path, self.ready, self.failed = path, ctx.Event(), ctx.Event()
+
+    def put(self, state: dict) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, self.path)
+        self.ready.set()
+
+    def get(self) -> dict:
+        while not self.ready.wait(5):
+            if self.failed.is_set():
+                raise RuntimeError("the process training the draft LM's corpus steps failed")
+        return torch.load(self.path, weights_only=True)
+
+
+def build_role(r: Recipe, role: str, inp: Inputs, out: Path, device: str, log, t_all: float,
+               lm_base: Callable[[], dict]) -> tuple[list, dict]:
     """One target (dense or hybrid) and every drafter of it, saved under `out`; returns (its
-    manifest entries, its timings). Seeded per role: the result does not depend on what else runs."""
+    manifest entries, its timings). `lm_base` gives `corpus_draft_lm`'s weights. Seeded per role:
+    the result does not depend on what else runs."""
     torch.manual_seed(r.seed + (role == "hybrid"))
     hybrid, sdt = role == "hybrid", getattr(torch, r.store_dtype)
     tok, train_ids, held_ids = inp.tok, inp.train_ids, inp.held_ids
@@ -390,10 +434,9 @@ def build_role(r: Recipe, role: str, inp: Inputs, out: Path, device: str, log, t
 
     # the classic standalone draft model, trained on the same greedy continuations
     t = time.perf_counter()
-    lm = randomize(Model(draft_lm_config(r)), r.seed + 6).to(device)
-    if r.draft_lm_corpus_steps:
-        train.train_lm(lm, train_ids, r.draft_lm_corpus_steps, r.target_batch, r.seq, r.target_lr, r.seed + 8,
-                       f"{role} draft LM (corpus)", log, device)
+    lm = Model(draft_lm_config(r))
+    lm.load_state_dict(lm_base())
+    lm = lm.to(device)
     train.train_lm(lm, seqs.flatten(), r.draft_lm_steps, r.target_batch, r.seq, r.target_lr, r.seed + 7,
                    f"{role} draft LM", log, device)
     timings[f"{role}_draft_lm_s"] = time.perf_counter() - t
@@ -419,9 +462,15 @@ _FORKED: tuple = ()  # what forked role builds inherit (set just before the fork
 
 
 def _role_process(role: str, queue) -> None:
-    r, inp, out, device, log, t_all = _FORKED
+    r, inp, out, device, log, t_all, handoff = _FORKED
     try:
-        queue.put((role, build_role(r, role, inp, out, device, log, t_all), None))
+        timings = {}
+        if role == "dense":  # first, so that the hybrid role finds it ready
+            t = time.perf_counter()
+            handoff.put(corpus_draft_lm(r, inp.train_ids, device, log))
+            timings["draft_lm_corpus_s"] = time.perf_counter() - t
+        models, role_timings = build_role(r, role, inp, out, device, log, t_all, handoff.get)
+        queue.put((role, (models, timings | role_timings), None))
     except BaseException as e:  # noqa: BLE001 — reported to the parent, which raises it
         queue.put((role, None, f"{type(e).__name__}: {e}"))
 
@@ -444,7 +493,8 @@ def build(preset: str, out: Path, device: str = "cpu", log=print, roles: tuple[s
         import multiprocessing as mp
 
         ctx = mp.get_context("fork")  # before any CUDA call in this process: prepare() stays on the CPU
-        queue, _FORKED = ctx.Queue(), (r, inp, out, device, log, t_all)
+        handoff = Handoff(ctx, out / "draft-lm-corpus.pt")
+        queue, _FORKED = ctx.Queue(), (r, inp, out, device, log, t_all, handoff)
         procs = [ctx.Process(target=_role_process, args=(role, queue)) for role in jobs]
         for pr in procs:
             pr.start()
@@ -457,15 +507,21 @@ def build(preset: str, out: Path, device: str = "cpu", log=print, roles: tuple[s
                 for role, pr in zip(jobs, procs):
                     if role not in done and not pr.is_alive() and queue.empty():
                         done[role] = (None, f"its process ended with exit code {pr.exitcode}")
+            if any(err for _, err in done.values()):
+                handoff.failed.set()
         for pr in procs:
             pr.join()
         _FORKED = ()
+        handoff.path.unlink(missing_ok=True)
         errors = [f"{role}: {err}" for role, (_, err) in done.items() if err]
         if errors:
             raise RuntimeError("zoo build failed — " + "; ".join(errors))
         results = [done[role][0] for role in jobs]
     else:
-        results = [build_role(r, role, inp, out, device, log, t_all) for role in jobs]
+        t = time.perf_counter()
+        base = corpus_draft_lm(r, inp.train_ids, device, log)
+        timings["draft_lm_corpus_s"] = time.perf_counter() - t
+        results = [build_role(r, role, inp, out, device, log, t_all, lambda: base) for role in jobs]
     models = [m for ms, _ in results for m in ms]
     for _, t in results:
         timings |= t

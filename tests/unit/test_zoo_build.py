@@ -1,8 +1,10 @@
 """The whole zoo pipeline at the `nano` preset: every model is written, loads through the engine's
 real loading code, and is described in the manifest that `zoo list` reads."""
 
+import dataclasses
 import json
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -128,3 +130,46 @@ def test_recipe_overrides_parse_as_the_field_type_and_name_bad_ones():
         B.with_overrides(r, ["seq=x"])
     with pytest.raises(ValueError, match="expected FIELD=VALUE"):
         B.with_overrides(r, ["seq"])
+
+
+def test_roles_built_side_by_side_equal_the_roles_built_in_turn(tmp_path):
+    """Forked role processes (as on a GPU) write the same weights as one process building the
+    roles in turn: the draft LM's corpus steps, trained once by the dense role's process and handed
+    to the hybrid role's, give both roles the start they get in turn. One torch thread, in a fresh
+    interpreter: GNU OpenMP's thread pool does not survive a fork, and thread counts change float
+    sums."""
+    script = (f"import torch; torch.set_num_threads(1)\n"
+              f"from specpilot.zoo.build import build\n"
+              f"for name, par in (('turn', False), ('side', True)):\n"
+              f"    m = build('nano', {str(tmp_path)!r} + '/' + name, log=lambda *a: None, parallel=par)\n"
+              f"    assert m['parallel_roles'] == par\n")
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=600)
+    assert not (tmp_path / "side" / "draft-lm-corpus.pt").exists()  # the handoff file is removed
+    m = json.loads((tmp_path / "turn" / "zoo.json").read_text())
+    for e in m["models"]:
+        a = (tmp_path / "turn" / e["path"] / "model.safetensors").read_bytes()
+        assert (tmp_path / "side" / e["path"] / "model.safetensors").read_bytes() == a, e["name"]
+
+
+def test_a_handoff_wait_ends_when_the_parent_marks_a_failure(tmp_path):
+    import multiprocessing as mp
+
+    h = B.Handoff(mp.get_context("fork"), tmp_path / "base.pt")
+    h.failed.set()
+    with pytest.raises(RuntimeError, match="draft LM's corpus steps failed"):
+        h.get()
+    h.put({"w": torch.ones(2)})
+    assert torch.equal(h.get()["w"], torch.ones(2))
+
+
+def test_the_dense_target_trains_its_own_steps_when_the_recipe_gives_them(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(B.train, "train_lm", lambda model, stream, steps, *a, **k: seen.setdefault(
+        model.cfg.family, steps))
+    r = dataclasses.replace(B.PRESETS["nano"], target_steps=7, dense_steps=9)
+    for hybrid in (False, True):
+        B.train_target(r, hybrid, torch.zeros(100, dtype=torch.long), "cpu", None)
+    assert seen == {"qwen3": 9, "qwen3_next": 7}
+    seen.clear()
+    B.train_target(dataclasses.replace(r, dense_steps=None), False, torch.zeros(100, dtype=torch.long), "cpu", None)
+    assert seen == {"qwen3": 7}
