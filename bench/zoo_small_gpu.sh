@@ -1,7 +1,5 @@
 #!/usr/bin/env bash
 # The small set on one GPU machine, end to end, in the order its figures need:
-#   0. one Gated DeltaNet layer's training step per chunk size (bench/gdn_train_step.py), before
-#      the build, on the idle GPU;
 #   1. `specpilot zoo build --preset small` alone on the GPU (its time is a bar: nothing else runs);
 #   2. realism of the new targets and the shipped micro set (GPU), beside τ of every drafter
 #      (bench/zoo_tau.py) and of every tree policy (bench/zoo_trees.py) on 164 HumanEval prompts —
@@ -16,9 +14,6 @@ mkdir -p "$dir"
 export PYTHONUNBUFFERED=1
 log() { echo "[$(date +%T)] $*" | tee -a "$dir/pipeline.log"; }
 
-log "GDN layer step"
-python bench/gdn_train_step.py --device cuda --chunks 32,64 --reps 10 --out "$dir/gdn_train_step_h200.json" \
-    >"$dir/gdn_train_step.log" 2>&1
 log "build"
 if ! specpilot zoo build --preset small --device cuda --out out/small >"$dir/zoo_small_build.log" 2>&1; then
     log "build failed (see zoo_small_build.log)"
@@ -33,7 +28,7 @@ realism=$!
 SPECPILOT_COMPILE=0 python bench/zoo_tau.py --zoo out/small --device cuda --replay-device cpu --prompts 164 \
     --jobs "$jobs" --out "$dir/zoo_tau_small_164.json" >"$dir/tau.log" 2>&1 &
 SPECPILOT_COMPILE=0 python bench/zoo_trees.py --zoo out/small --device cuda --replay-device cpu --prompts 164 \
-    --jobs "$jobs" --out "$dir/zoo_trees_small.json" >"$dir/trees.log" 2>&1 &
+    --jobs "$jobs" --roles "${TREE_ROLES:-hybrid,dense}" --out "$dir/zoo_trees_small.json" >"$dir/trees.log" 2>&1 &
 wait "$realism"; log "realism exit $?; GPU tests"
 python -m pytest -q -p no:cacheprovider tests/gpu >"$dir/gpu_tests_h200.log" 2>&1
 log "GPU tests exit $?"

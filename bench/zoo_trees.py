@@ -64,6 +64,7 @@ def measure_prompts(prompts: list[list[int]], zoo: Path, role: str, new_tokens: 
     are made on `device`, the drafters run on `replay_device` (default: the same)."""
     if threads:
         torch.set_num_threads(threads)
+    t_all = time.perf_counter()
     replay_device = replay_device or device
     target = load_model(zoo / role, torch.float32, replay_device)
     maker = target if replay_device == device else load_model(zoo / role, torch.float32, device)
@@ -86,6 +87,9 @@ def measure_prompts(prompts: list[list[int]], zoo: Path, role: str, new_tokens: 
             row["record"].append(pickle.dumps(rec))
         row["replay_s"] = time.perf_counter() - t
         out["kinds"][kind] = row
+    # per process: with the bench's wall time beside it, what the processes waited for shows
+    print(f"{role}: {len(prompts)} prompts in {time.perf_counter() - t_all:.0f} s (continuations "
+          f"{out['continuations_s']:.0f} s)", flush=True)
     return out
 
 
@@ -126,6 +130,7 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=96)
     ap.add_argument("--jobs", type=int, default=1, help="processes, one torch thread each (default 1: this one)")
+    ap.add_argument("--roles", default="dense,hybrid", help="targets to measure, in this order")
     ap.add_argument("--out", required=True)
     ap.add_argument("--workdir", default="/tmp")
     args = ap.parse_args()
@@ -153,7 +158,10 @@ def main() -> int:
     # CUDA cannot be forked: spawned processes, started once
     pool = concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) \
         if args.jobs > 1 else None
-    for role in ("dense", "hybrid"):
+    roles = [r.strip() for r in args.roles.split(",") if r.strip()]
+    if not roles or set(roles) - {"dense", "hybrid"}:
+        ap.error(f"--roles {args.roles!r}: expected dense, hybrid or both, comma-separated")
+    for role in roles:
         t = time.perf_counter()
         got = deal(measure_prompts, prompts, args.jobs, pool, zoo, role, args.new_tokens, args.device, args.replay_device)
         for kind in KINDS:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import json
 import os
 import time
@@ -66,6 +67,7 @@ class Recipe:
     sequential_batch: int = 8  # its unrolled steps cost 3×: fewer sequences per step
     block: int = 16
     block_layers: int = 1  # block drafters draft every position in one pass: depth is cheap for them
+    sequential_layers: int = 1  # a sequential drafter runs its layers once per drafted position
     block_steps: int | None = None  # None: drafter_steps
     block_lr: float | None = None  # None: drafter_lr
     block_lead: bool = True  # the first mask row reads the drafted position-1 token (DraftConfig.lead_token)
@@ -160,7 +162,7 @@ def drafter_config(r: Recipe, kind: str, target: ModelConfig) -> DraftConfig:
     n = target.num_hidden_layers
     return DraftConfig(
         kind=kind, vocab_size=r.vocab, hidden_size=target.hidden_size, intermediate_size=2 * target.hidden_size,
-        num_hidden_layers=r.block_layers if kind in ("block", "block_markov") else 1,
+        num_hidden_layers=r.block_layers if kind in ("block", "block_markov") else r.sequential_layers,
         num_attention_heads=target.num_attention_heads, num_key_value_heads=target.num_key_value_heads, head_dim=target.head_dim,
         target_hidden_size=target.hidden_size, target_layers=sorted({0, n // 2, n - 1}),
         block_size=r.block, markov_rank=r.markov_rank, lead_token=r.block_lead and kind != "sequential")
@@ -530,6 +532,8 @@ def build(preset: str, out: Path, device: str = "cpu", log=print, roles: tuple[s
                 "git_sha": gitrun.head_sha(Path(__file__).resolve().parent), "preset": preset, "recipe": dataclasses.asdict(r), "seed": r.seed, "corpus_sha256": inp.corpus.sha256,
                 "corpus_tokens": {"train": len(inp.train_ids), "heldout": len(inp.held_ids)},
                 "python_version": inp.corpus.python_version, "device": device, "torch": torch.__version__,
+                "device_name": torch.cuda.get_device_name(device) if str(device).startswith("cuda") else "cpu",
+                "date": datetime.date.today().isoformat(),
                 "parallel_roles": bool(parallel and len(jobs) > 1),
                 "tau_measure": {"mode": "chain", "draft_len": r.block, "prompts": r.eval_prompts,
                                 "new_tokens": r.eval_new_tokens, "dtype": "float32",

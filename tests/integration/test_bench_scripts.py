@@ -26,13 +26,17 @@ def test_zoo_trees_builds_and_measures_every_pair(tmp_path):
         assert pair["replay_steps"] > 0
         assert all(tau >= 1.0 for tau in pair["exact"].values())
         assert pair["replay"]["oracle"] >= pair["replay"]["chain"] >= 1.0
-    # the same figures from two processes (prompts dealt round-robin)
+    # the same figures from two processes (prompts dealt round-robin), for the one target asked for
     two = tmp_path / "two.json"
     run("zoo_trees.py", "--zoo", str(tmp_path / "zoo-nano"), "--prompts", "3", "--new-tokens", "8", "--jobs", "2",
-        "--out", str(two))
+        "--roles", "hybrid", "--out", str(two))
     split = json.loads(two.read_text())["pairs"]
-    for name, pair in res["pairs"].items():
-        assert (split[name]["exact"], split[name]["replay"]) == (pair["exact"], pair["replay"])
+    assert set(split) == {"hybrid+block", "hybrid+block-markov"}
+    for name in split:
+        assert (split[name]["exact"], split[name]["replay"]) == (res["pairs"][name]["exact"], res["pairs"][name]["replay"])
+    bad = subprocess.run([sys.executable, str(REPO / "bench" / "zoo_trees.py"), "--zoo", str(tmp_path / "zoo-nano"),
+                          "--roles", "moe", "--out", str(tmp_path / "x.json")], cwd=REPO, capture_output=True, text=True)
+    assert bad.returncode == 2 and "--roles 'moe': expected dense, hybrid" in bad.stderr
 
 
 def test_block_sweep_trains_one_drafter_per_setting(tmp_path):

@@ -26,6 +26,7 @@ def zoo(tmp_path_factory):
 def test_manifest_records_what_was_built(zoo):
     out, m = zoo
     assert m["preset"] == "nano" and len(m["corpus_sha256"]) == 64 and m["seed"] == 0
+    assert m["device_name"] == "cpu" and len(m["date"]) == 10
     # the command that rebuilds it and the commit it was built from (this checkout's HEAD)
     assert m["command"] == "specpilot zoo build --preset nano --device cpu"
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=B.__file__.rsplit("/", 1)[0],
@@ -173,3 +174,9 @@ def test_the_dense_target_trains_its_own_steps_when_the_recipe_gives_them(monkey
     seen.clear()
     B.train_target(dataclasses.replace(r, dense_steps=None), False, torch.zeros(100, dtype=torch.long), "cpu", None)
     assert seen == {"qwen3": 7}
+
+
+def test_drafter_depths_come_from_the_recipe():
+    r = dataclasses.replace(B.PRESETS["nano"], block_layers=3, sequential_layers=2)
+    cfg = B.target_config(r, hybrid=False)
+    assert [B.drafter_config(r, k, cfg).num_hidden_layers for k in B.KINDS] == [2, 3, 3]
