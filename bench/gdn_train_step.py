@@ -1,6 +1,7 @@
 """Forward + backward of one Gated DeltaNet layer and of its delta rule alone, at the small
 recipe's training shape, as the target trainer runs them (bf16 autocast on a GPU; eager, and
-compiled as `train.compiled_loss` compiles a block), for several chunk sizes of the chunked rule.
+compiled as `train.compiled_loss` compiles a block; and the Triton kernels of kernels/gdn_chunk.py
+where Triton and a GPU are there), for several chunk sizes of the chunked rule.
 
   python bench/gdn_train_step.py --device cuda --out results.json
 
@@ -26,6 +27,7 @@ from common import git_sha  # noqa: E402
 
 from specpilot.engine import gdn  # noqa: E402
 from specpilot.engine.model import GatedDeltaNet  # noqa: E402
+from specpilot.kernels import gdn_chunk  # noqa: E402
 from specpilot.zoo.build import PRESETS, target_config  # noqa: E402
 
 
@@ -84,12 +86,16 @@ def main() -> int:
         def rule(c=chunk):
             return gdn.chunked_gated_delta_rule(*rule_in, h0, chunk=c)[0]
 
-        def whole(c=chunk):
-            layer.chunk = c
+        def whole(c=chunk, triton_rule=False):
+            layer.chunk, layer.triton_rule = c, triton_rule
             return layer(x, h0, conv0, snapshots=False)[0]
 
         row = {"rule_eager_ms": timed_ms(step(rule), args.reps, dev),
                "layer_eager_ms": timed_ms(step(whole), args.reps, dev)}
+        if cuda and gdn_chunk.available():  # the Triton kernels (kernels/gdn_chunk.py), uncompiled
+            row["rule_triton_ms"] = timed_ms(step(lambda c=chunk: gdn_chunk.chunked_gated_delta_rule(
+                *rule_in, h0, chunk=c)[0]), args.reps, dev)
+            row["layer_triton_ms"] = timed_ms(step(lambda c=chunk: whole(c, True)), args.reps, dev)
         if not args.no_compile:
             t = time.perf_counter()
             crule = torch.compile(lambda c=chunk: gdn.chunked_gated_delta_rule(*rule_in, h0, chunk=c)[0])

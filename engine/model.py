@@ -185,6 +185,7 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = nn.Linear(self.value_dim, cfg.hidden_size, bias=False)
         self.in_proj = None  # (weight, None) of in_proj_qkvz and in_proj_ba once fused
         self.chunk = 64  # positions per chunk of the parallel form (any size gives the same outputs)
+        self.triton_rule = False  # training passes on a GPU run kernels/gdn_chunk.py instead (float32, TF32 dots)
 
     def split(self, x):
         """Projections in the checkpoint's per-key-head grouped layout → q, k, v, z, b, a."""
@@ -240,6 +241,10 @@ class GatedDeltaNet(nn.Module):
         q, k, v, g, beta = self.rule_inputs(self.conv(conv_in), b, a)
         if snapshots:
             out, states = gated_delta_rule(q, k, v, g, beta, h0)
+        elif self.triton_rule and x.is_cuda and torch.is_grad_enabled():
+            from specpilot.kernels import gdn_chunk  # Triton loads only where it is asked for
+
+            out, states = gdn_chunk.chunked_gated_delta_rule(q, k, v, g, beta, h0, self.chunk)
         else:
             out, states = chunked_gated_delta_rule(q, k, v, g, beta, h0, self.chunk)
         out = self.norm(out.to(x.dtype), z)

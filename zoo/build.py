@@ -86,6 +86,7 @@ class Recipe:
     anchors: int = 4  # blocks per training sequence (block kinds)
     store_dtype: str = "bfloat16"
     compile_target: bool = False  # on a GPU, train the target through torch.compile (eager if it fails)
+    triton_gdn: bool = False  # on a GPU, hybrid targets train with the Triton delta rule (kernels/gdn_chunk.py)
     seed: int = 0
     corpus_bytes: int | None = None  # cap per split (tests); None = the whole standard library
     # "stdlib": this interpreter's standard library; "code": the prepared code corpus (stdlib + pinned
@@ -227,6 +228,9 @@ def distill_prompts(r: Recipe, train_ids: torch.Tensor, fn_prompts: list[list[in
 def train_target(r: Recipe, hybrid: bool, train_ids: torch.Tensor, device: str, log) -> Model:
     """The preset's dense or hybrid target, trained on the corpus (float32, in training precision)."""
     target = randomize(Model(target_config(r, hybrid)), r.seed + 1).to(device)
+    for layer in target.model.layers:
+        if hasattr(layer, "linear_attn"):
+            layer.linear_attn.triton_rule = r.triton_gdn
     steps = r.target_steps if hybrid else r.dense_steps or r.target_steps
     train.train_lm(target, train_ids, steps, r.target_batch, r.seq, r.target_lr, r.seed + 2,
                    f"{'hybrid' if hybrid else 'dense'} target", log, device, compile=r.compile_target)

@@ -88,3 +88,14 @@ def test_zoo_realism_measures_every_target_of_a_set(tmp_path):
     for row in res["targets"].values():
         assert row["prompts"] == 2 and 0 <= row["parse_rate"] <= 1 and 0 <= row["loop_rate"] <= 1
         assert 0 < row["heldout_bpb"] < 8 and row["heldout_nat_per_token"] > 0  # trained: below a uniform byte
+
+
+def test_gdn_train_step_times_every_chunk_size(tmp_path):
+    out = tmp_path / "gdn.json"
+    run("gdn_train_step.py", "--device", "cpu", "--batch", "1", "--reps", "1", "--no-compile", "--chunks", "32,64",
+        "--out", str(out))
+    res = json.loads(out.read_text())
+    assert {"command", "device", "date", "git_sha"} <= set(res)
+    assert set(res["results"]) == {"chunk_32", "chunk_64"}
+    for row in res["results"].values():
+        assert row["rule_eager_ms"] > 0 and row["layer_eager_ms"] > 0
