@@ -228,9 +228,9 @@ def distill_prompts(r: Recipe, train_ids: torch.Tensor, fn_prompts: list[list[in
 def train_target(r: Recipe, hybrid: bool, train_ids: torch.Tensor, device: str, log) -> Model:
     """The preset's dense or hybrid target, trained on the corpus (float32, in training precision)."""
     target = randomize(Model(target_config(r, hybrid)), r.seed + 1).to(device)
-    for layer in target.model.layers:
-        if hasattr(layer, "linear_attn"):
-            layer.linear_attn.triton_rule = r.triton_gdn
+    for blk in target.model.layers:
+        if blk.kind == "linear_attention":
+            blk.linear_attn.triton_rule = r.triton_gdn
     steps = r.target_steps if hybrid else r.dense_steps or r.target_steps
     train.train_lm(target, train_ids, steps, r.target_batch, r.seq, r.target_lr, r.seed + 2,
                    f"{'hybrid' if hybrid else 'dense'} target", log, device, compile=r.compile_target)
@@ -470,12 +470,12 @@ _FORKED: tuple = ()  # what forked role builds inherit (set just before the fork
 def _role_process(role: str, queue) -> None:
     r, inp, out, device, log, t_all, handoff = _FORKED
     try:
-        timings = {}
+        timings, lm_base = {}, handoff.get
         if role == "dense":  # first, so that the hybrid role finds it ready
-            t = time.perf_counter()
-            handoff.put(corpus_draft_lm(r, inp.train_ids, device, log))
-            timings["draft_lm_corpus_s"] = time.perf_counter() - t
-        models, role_timings = build_role(r, role, inp, out, device, log, t_all, handoff.get)
+            base, timings["draft_lm_corpus_s"] = train.timed(corpus_draft_lm, r, inp.train_ids, device, log)
+            handoff.put(base)
+            lm_base = lambda: base  # noqa: E731 — this process keeps what it hands over
+        models, role_timings = build_role(r, role, inp, out, device, log, t_all, lm_base)
         queue.put((role, (models, timings | role_timings), None))
     except BaseException as e:  # noqa: BLE001 — reported to the parent, which raises it
         queue.put((role, None, f"{type(e).__name__}: {e}"))
@@ -524,9 +524,7 @@ def build(preset: str, out: Path, device: str = "cpu", log=print, roles: tuple[s
             raise RuntimeError("zoo build failed — " + "; ".join(errors))
         results = [done[role][0] for role in jobs]
     else:
-        t = time.perf_counter()
-        base = corpus_draft_lm(r, inp.train_ids, device, log)
-        timings["draft_lm_corpus_s"] = time.perf_counter() - t
+        base, timings["draft_lm_corpus_s"] = train.timed(corpus_draft_lm, r, inp.train_ids, device, log)
         results = [build_role(r, role, inp, out, device, log, t_all, lambda: base) for role in jobs]
     models = [m for ms, _ in results for m in ms]
     for _, t in results:
