@@ -57,6 +57,7 @@ def main() -> int:
     ap.add_argument("--chunks", default="32,64,128")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--warps", default=str(gdn_chunk.WARPS), help="Triton warps per program to time, e.g. 4,8")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     r = PRESETS["small"]
@@ -93,8 +94,9 @@ def main() -> int:
         row = {"rule_eager_ms": timed_ms(step(rule), args.reps, dev),
                "layer_eager_ms": timed_ms(step(whole), args.reps, dev)}
         if cuda and gdn_chunk.available():  # the Triton kernels (kernels/gdn_chunk.py), uncompiled
-            row["rule_triton_ms"] = timed_ms(step(lambda c=chunk: gdn_chunk.chunked_gated_delta_rule(
-                *rule_in, h0, chunk=c)[0]), args.reps, dev)
+            for w in (int(w) for w in args.warps.split(",")):
+                row[f"rule_triton_{w}warps_ms"] = timed_ms(step(lambda c=chunk, w=w: gdn_chunk.chunked_gated_delta_rule(
+                    *rule_in, h0, chunk=c, warps=w)[0]), args.reps, dev)
             row["layer_triton_ms"] = timed_ms(step(lambda c=chunk: whole(c, True)), args.reps, dev)
         if not args.no_compile:
             t = time.perf_counter()

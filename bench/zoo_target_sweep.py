@@ -27,8 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import git_sha  # noqa: E402
 from zoo_realism import heldout_docs, measure  # noqa: E402
 
-from specpilot.engine.model import Model  # noqa: E402
-from specpilot.engine.synthetic import randomize  # noqa: E402
 from specpilot.zoo import build as B  # noqa: E402
 from specpilot.zoo import tokenizer as tok_mod  # noqa: E402
 from specpilot.zoo import train, workloads  # noqa: E402
@@ -40,7 +38,7 @@ def step_seconds(r: B.Recipe, hybrid: bool, train_ids: torch.Tensor, device: str
     warm-up, compiling included —, and with `profile` the kernels of `steps` steady-state steps by
     device time). One target trains through `train.train_lm` in every run, so a compiled step is
     compiled once; the step time is the difference of a `2 × steps` and a `steps` run."""
-    target = randomize(Model(B.target_config(r, hybrid)), r.seed + 1).to(device)
+    target = B.new_target(r, hybrid, device)
 
     def run(n):
         if device == "cuda":

@@ -86,6 +86,9 @@ class DraftConfig:
     block_size: int = 16  # drafted positions per pass (block kinds) or steps (sequential)
     markov_rank: int = 32
     lead_token: bool = False  # block kinds: the first mask row reads the drafted position-1 token
+    # an RMSNorm on each half of an input row (token embedding, hidden) before fc_in, as EAGLE-3 has:
+    # without it a trained target's features outweigh the embedding's share of the row ~13 to 1
+    input_norm: bool = False
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     max_position_embeddings: int = 4096
@@ -121,6 +124,7 @@ class DraftConfig:
             for k in ("block_size", "markov_rank", "max_position_embeddings"):
                 checked_field(d, k, source, "int", 1, low=1)
             checked_field(d, "lead_token", source, "bool", False)
+            checked_field(d, "input_norm", source, "bool", False)
             checked_field(d, "rms_norm_eps", source, "float", 1e-6, low=0.0)
             checked_field(d, "rope_theta", source, "float", 1e4, low=1e-9)
         except ConfigError as e:
@@ -148,6 +152,8 @@ class FeatureDrafterNet(nn.Module):
         H = cfg.hidden_size
         self.fc_feat = nn.Linear(len(cfg.target_layers) * cfg.target_hidden_size, H, bias=False)
         self.fc_in = nn.Linear(2 * H, H, bias=False)
+        if cfg.input_norm:
+            self.emb_norm, self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps), RMSNorm(H, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(Block(body, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         if cfg.kind in ("block", "block_markov"):
@@ -159,7 +165,10 @@ class FeatureDrafterNet(nn.Module):
 
     def rows(self, next_tokens: torch.Tensor, hidden: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         """Input rows from (token at t+1, H-wide hidden at t)."""
-        return self.fc_in(torch.cat((F.embedding(next_tokens, emb), hidden), dim=-1))
+        e = F.embedding(next_tokens, emb)
+        if self.cfg.input_norm:
+            e, hidden = self.emb_norm(e), self.hidden_norm(hidden)
+        return self.fc_in(torch.cat((e, hidden), dim=-1))
 
     def forward(self, x: torch.Tensor, head: torch.Tensor, cache: Cache | None = None,
                 positions: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None,

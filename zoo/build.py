@@ -225,12 +225,18 @@ def distill_prompts(r: Recipe, train_ids: torch.Tensor, fn_prompts: list[list[in
     return win
 
 
-def train_target(r: Recipe, hybrid: bool, train_ids: torch.Tensor, device: str, log) -> Model:
-    """The preset's dense or hybrid target, trained on the corpus (float32, in training precision)."""
+def new_target(r: Recipe, hybrid: bool, device: str) -> Model:
+    """The preset's dense or hybrid target at its initial weights, set to train as the recipe says."""
     target = randomize(Model(target_config(r, hybrid)), r.seed + 1).to(device)
     for blk in target.model.layers:
         if blk.kind == "linear_attention":
             blk.linear_attn.triton_rule = r.triton_gdn
+    return target
+
+
+def train_target(r: Recipe, hybrid: bool, train_ids: torch.Tensor, device: str, log) -> Model:
+    """The preset's dense or hybrid target, trained on the corpus (float32, in training precision)."""
+    target = new_target(r, hybrid, device)
     steps = r.target_steps if hybrid else r.dense_steps or r.target_steps
     train.train_lm(target, train_ids, steps, r.target_batch, r.seq, r.target_lr, r.seed + 2,
                    f"{'hybrid' if hybrid else 'dense'} target", log, device, compile=r.compile_target)

@@ -15,13 +15,13 @@ CHECK = """
 import json, sys, torch
 from specpilot.engine.gdn import chunked_gated_delta_rule as reference
 from specpilot.kernels.gdn_chunk import chunked_gated_delta_rule as fused
-B, T, H, K, V, C, with_state = json.loads(sys.argv[1])
+B, T, H, K, V, C, with_state, decay = json.loads(sys.argv[1])
 g0 = torch.Generator().manual_seed(T)
 def inputs():
     q = torch.randn(B, T, H, K, generator=g0)
     k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=g0), dim=-1)
     v = torch.randn(B, T, H, V, generator=g0)
-    g = -torch.rand(B, T, H, generator=g0) * 0.7
+    g = -torch.rand(B, T, H, generator=g0) * decay
     beta = torch.rand(B, T, H, generator=g0)
     h = torch.randn(B, H, K, V, generator=g0) * 0.3
     return [q, k, v, g, beta, h]
@@ -42,9 +42,12 @@ print(json.dumps(out))
 
 
 @pytest.mark.parametrize("shape", [
-    (1, 40, 2, 16, 16, 16, True),  # T not a multiple of the chunk: a padded last chunk
-    (2, 130, 2, 64, 32, 64, True),  # the recipe's chunk and key size, value size apart
-    (1, 64, 1, 32, 32, 32, False),  # the final state unused: its gradient arrives as None
+    (1, 40, 2, 16, 16, 16, True, 0.7),  # T not a multiple of the chunk: a padded last chunk
+    (2, 130, 2, 64, 32, 64, True, 0.7),  # the recipe's chunk and key size, value size apart
+    (1, 64, 1, 32, 32, 32, False, 0.7),  # the final state unused: its gradient arrives as None
+    # 8 diagonal blocks in the inverse (three factors I + N^(2^j)); a slow decay, so that
+    # blocks far apart still interact
+    (1, 200, 1, 16, 16, 128, True, 0.02),
 ])
 def test_fused_rule_equals_the_torch_form_forward_and_backward(shape):
     env = dict(os.environ, TRITON_INTERPRET="1")
@@ -62,5 +65,5 @@ def test_fused_rule_names_the_sizes_it_cannot_take():
     from specpilot.kernels.gdn_chunk import chunked_gated_delta_rule
 
     q = torch.zeros(1, 8, 2, 8)
-    with pytest.raises(ValueError, match=r"powers of two ≥ 16; got \{'key head size': 8, 'value head size': 8\}"):
+    with pytest.raises(ValueError, match=r"powers of two from 16 to 256; got \{'key head size': 8, 'value head size': 8\}"):
         chunked_gated_delta_rule(q, q, q, q[..., 0], q[..., 0], torch.zeros(1, 2, 8, 8))
