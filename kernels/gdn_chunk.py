@@ -214,7 +214,7 @@ def _bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dg, dbeta, dh0 = torch.empty_like(g), torch.empty_like(beta), torch.empty_like(dhT)
     _bwd[(B * H,)](q, k, v, g, beta, hs, ts, do, dhT, dq, dk, dv, dg, dbeta, dh0, T, NC=hs.shape[1],
-                   H=H, K=K, V=V, C=chunk, num_warps=warps)
+                   H=H, K=K, V=V, C=chunk, num_warps=warps, num_stages=1)  # no load pipelining: shared memory
     return dq, dk, dv, dg, dbeta, dh0
 
 

@@ -71,6 +71,7 @@ class Recipe:
     block_steps: int | None = None  # None: drafter_steps
     block_lr: float | None = None  # None: drafter_lr
     block_lead: bool = True  # the first mask row reads the drafted position-1 token (DraftConfig.lead_token)
+    input_norm: bool = True  # feature drafters normalize both halves of an input row (DraftConfig.input_norm)
     markov_rank: int = 32
     markov_steps: int = 150  # the Markov head trains alone, on the frozen block drafter
     markov_lr: float = 6e-3
@@ -107,12 +108,13 @@ class Recipe:
 
 
 PRESETS = {
-    # the shipped set (zoo/checkpoints/micro) was built with this recipe: stdlib corpus, 4-layer targets
+    # the shipped set (zoo/checkpoints/micro) was built with this recipe: stdlib corpus, 4-layer targets,
+    # drafters without input norms
     "micro": Recipe("micro", vocab=4096, target=Shape(128, 4, 4, 2, 384), draft_lm=Shape(64, 2, 4, 2, 192),
                     target_steps=500, target_batch=16, seq=128, target_lr=3e-3,
                     distill_seqs=768, prompt_len=32, gen_len=128,
                     drafter_steps=300, drafter_batch=16, drafter_lr=2e-3, draft_lm_steps=300,
-                    block_steps=400, block_lr=3e-3, workload_prompts=0.5),
+                    block_steps=400, block_lr=3e-3, workload_prompts=0.5, input_norm=False),
     # code corpus (48.7 M training tokens): the hybrid target sees it 2.7 times (4000 compiled steps
     # × 64 × 512 tokens; a 512-token context covers HumanEval prompts plus their completions), the
     # dense one, cheaper per step, 3.4 times (5000 steps); the draft LM (trained once for both roles)
@@ -166,7 +168,8 @@ def drafter_config(r: Recipe, kind: str, target: ModelConfig) -> DraftConfig:
         num_hidden_layers=r.block_layers if kind in ("block", "block_markov") else r.sequential_layers,
         num_attention_heads=target.num_attention_heads, num_key_value_heads=target.num_key_value_heads, head_dim=target.head_dim,
         target_hidden_size=target.hidden_size, target_layers=sorted({0, n // 2, n - 1}),
-        block_size=r.block, markov_rank=r.markov_rank, lead_token=r.block_lead and kind != "sequential")
+        block_size=r.block, markov_rank=r.markov_rank, lead_token=r.block_lead and kind != "sequential",
+        input_norm=r.input_norm)
 
 
 @torch.no_grad()
@@ -488,12 +491,13 @@ def _role_process(role: str, queue) -> None:
 
 
 def build(preset: str, out: Path, device: str = "cpu", log=print, roles: tuple[str, ...] = ("dense", "hybrid"),
-          parallel: bool | None = None, command: str | None = None) -> dict:
+          parallel: bool | None = None, command: str | None = None, recipe: Recipe | None = None) -> dict:
     """Build every model of a preset (of the given target roles) into `out`; returns (and writes)
-    the manifest. With `parallel` (default: on a GPU), the roles build side by side in forked
-    processes sharing the device — the GPU has room for both small pipelines at once."""
+    the manifest. `recipe`: the preset's recipe with changes (default: the preset's own). With
+    `parallel` (default: on a GPU), the roles build side by side in forked processes sharing the
+    device — the GPU has room for both small pipelines at once."""
     global _FORKED
-    r = PRESETS[preset]
+    r = recipe or PRESETS[preset]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()

@@ -48,6 +48,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     b.add_argument("--out", metavar="DIR", help="output folder (default: the shipped checkpoints/PRESET)")
     b.add_argument("--device", default="cpu", help="cpu or cuda")
     b.add_argument("--roles", default="dense,hybrid", help="targets to build with their drafters: dense, hybrid or both")
+    b.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="change one recipe field for this build (repeatable; recorded in the manifest), "
+                        "e.g. --set triton_gdn=true")
     b.add_argument("--json", action="store_true", help="print the manifest as JSON")
     b.set_defaults(func=run_build)
 
@@ -74,9 +77,11 @@ def run_build(args: argparse.Namespace) -> int:
     if not roles or set(roles) - {"dense", "hybrid"}:
         raise ValueError(f"--roles {args.roles!r}: give dense, hybrid or dense,hybrid")
     command = " ".join(["specpilot", "zoo", "build", "--preset", args.preset, "--device", args.device, "--roles",
-                        ",".join(roles)] + (["--out", str(args.out)] if args.out else []))
+                        ",".join(roles)] + (["--out", str(args.out)] if args.out else [])
+                       + [f"--set {a}" for a in args.set])
+    recipe = build.with_overrides(build.PRESETS[args.preset], args.set)
     manifest = build.build(args.preset, out, args.device, log=(lambda *_: None) if args.json else print, roles=roles,
-                           command=command)
+                           command=command, recipe=recipe)
     if args.json:
         print(json.dumps(manifest))
     return 0
