@@ -1,10 +1,11 @@
-"""How the block drafter's chain τ grows with its depth, training steps and learning rate (with and
-without the lead-token row), on one zoo target.
+"""How a feature drafter's chain τ grows with its depth, training steps and learning rate (block
+drafters with and without the lead-token row; either kind with and without input norms), on one
+zoo target.
 
   python bench/zoo_block_sweep.py --preset small --device cuda --out results.json   (GPU machine)
 
 Trains the preset's dense (or hybrid) target and its distillation data exactly as `zoo build`
-does, then block drafters of each depth × step count (the rest of the recipe unchanged), and
+does, then drafters of `--kind` for each setting of the grid (the rest of the recipe unchanged), and
 measures each one's stock-chain τ on the build's HumanEval and held-out stdlib prompts.
 """
 
@@ -34,9 +35,11 @@ def main() -> int:
     ap.add_argument("--role", choices=("dense", "hybrid"), default="dense")
     ap.add_argument("--layers", default="1,2,4")
     ap.add_argument("--steps", default="1200,3600")
-    ap.add_argument("--lead", default="1", help="lead-token row off / on: 0, 1 or 0,1")
+    ap.add_argument("--kind", choices=("block", "sequential"), default="block")
+    ap.add_argument("--lead", default="1", help="lead-token row off / on: 0, 1 or 0,1 (block kind)")
+    ap.add_argument("--input-norm", help="input norms off / on: 0, 1 or 0,1 (default: the recipe's)")
     ap.add_argument("--anchors", help="blocks per training sequence, e.g. 8,32 (default: the recipe's)")
-    ap.add_argument("--lr", help="learning rates, e.g. 2e-3,3e-3 (default: the recipe's block lr)")
+    ap.add_argument("--lr", help="learning rates, e.g. 2e-3,3e-3 (default: the recipe's, for the kind)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a recipe field (repeatable), e.g. --set vocab=8192 --set eval_prompts=64")
     ap.add_argument("--device", default="cpu")
@@ -62,22 +65,25 @@ def main() -> int:
     conts = B.eval_continuations(r, target, inp.prompts)
     result["prompt_tokens"] = {k: [len(c.prompt) for c in cs] for k, cs in conts.items()}
     result["continuations"] = {k: [inp.tok.decode(list(c.tokens)) for c in cs[:4]] for k, cs in conts.items()}
-    _, batch, block_lr = r.training("block")
-    lrs = [float(x) for x in args.lr.split(",")] if args.lr else [block_lr]
+    _, batch, kind_lr = r.training(args.kind)
+    lrs = [float(x) for x in args.lr.split(",")] if args.lr else [kind_lr]
     anchors = [int(x) for x in args.anchors.split(",")] if args.anchors else [r.anchors]
-    grid = [(lead, layers, steps, lr, a) for lead in [bool(int(x)) for x in args.lead.split(",")]
+    flags = lambda text, default: [bool(int(x)) for x in text.split(",")] if text else [default]  # noqa: E731
+    leads = flags(args.lead, r.block_lead) if args.kind == "block" else [False]
+    grid = [(lead, norm, layers, steps, lr, a) for lead in leads for norm in flags(args.input_norm, r.input_norm)
             for layers in [int(x) for x in args.layers.split(",")] for steps in [int(x) for x in args.steps.split(",")]
             for lr in lrs for a in anchors]
-    for lead, layers, steps, lr, a in grid:
-        dcfg = dataclasses.replace(B.drafter_config(r, "block", cfg), num_hidden_layers=layers, lead_token=lead)
+    for lead, norm, layers, steps, lr, a in grid:
+        dcfg = dataclasses.replace(B.drafter_config(r, args.kind, cfg), num_hidden_layers=layers, lead_token=lead,
+                                   input_norm=norm)
         t = time.perf_counter()
-        net = train.train_drafter(dcfg, target, seqs, feats, r.prompt_len, steps, batch,
-                                  lr, r.seed + 5, f"block {layers}L {steps} lr {lr:g} anchors {a}{' lead' if lead else ''}",
-                                  print, anchors=a)
+        net = train.train_drafter(dcfg, target, seqs, feats, r.prompt_len, steps, batch, lr, r.seed + 5,
+                                  f"{args.kind} {layers}L {steps} lr {lr:g} anchors {a}{' lead' if lead else ''}"
+                                  f"{' norm' if norm else ''}", print, anchors=a)
         train_s = time.perf_counter() - t
         net = B.as_stored(net, getattr(torch, r.store_dtype))
         per_prompt = {k: B.prompt_taus(target, FeatureDrafter(net, target), cs, r.block) for k, cs in conts.items()}
-        result["runs"].append({"lead_token": lead, "layers": layers, "steps": steps, "lr": lr, "anchors": a, "train_s": train_s,
+        result["runs"].append({"kind": args.kind, "lead_token": lead, "input_norm": norm, "layers": layers, "steps": steps, "lr": lr, "anchors": a, "train_s": train_s,
                                "tau": {k: B.pooled_tau(v) for k, v in per_prompt.items()},
                                "tau_per_prompt": {k: [B.pooled_tau([t]) for t in v] for k, v in per_prompt.items()}})
         print(json.dumps({k: v for k, v in result["runs"][-1].items() if k != "tau_per_prompt"}), flush=True)
