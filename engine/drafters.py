@@ -87,7 +87,7 @@ class DraftConfig:
     markov_rank: int = 32
     lead_token: bool = False  # block kinds: the first mask row reads the drafted position-1 token
     # an RMSNorm on each half of an input row (token embedding, hidden) before fc_in, as EAGLE-3 has:
-    # without it a trained target's features outweigh the embedding's share of the row ~13 to 1
+    # without it a trained target's features, many times the embedding's size, drown it out
     input_norm: bool = False
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0

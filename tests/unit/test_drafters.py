@@ -26,16 +26,19 @@ def primed(drafter, target, prompt):
     return drafter
 
 
-@pytest.mark.parametrize("kind,lead", [("sequential", False), ("block", False), ("block_markov", False),
-                                       ("block", True), ("block_markov", True)])
-def test_feature_drafter_round_trip_and_lattice(kind, lead, target, tmp_path):
-    net = random_drafter_net(kind, target.cfg, seed=3, block=8, lead_token=lead)
+@pytest.mark.parametrize("kind,lead,norm", [("sequential", False, False), ("block", False, False),
+                                            ("block_markov", False, False), ("block", True, False),
+                                            ("block_markov", True, False), ("sequential", False, True),
+                                            ("block_markov", True, True)])
+def test_feature_drafter_round_trip_and_lattice(kind, lead, norm, target, tmp_path):
+    net = random_drafter_net(kind, target.cfg, seed=3, block=8, lead_token=lead, input_norm=norm)
     save_drafter(net, tmp_path / kind)
     cfg = json.loads((tmp_path / kind / "config.json").read_text())
     assert cfg["drafter_kind"] == kind and cfg["architectures"] == ["SpecPilotDrafter"]
-    assert cfg["lead_token"] is lead
+    assert cfg["lead_token"] is lead and cfg["input_norm"] is norm
+    assert ("emb_norm.weight" in net.state_dict()) is norm
     loaded = load_drafter(str(tmp_path / kind), target=target)
-    assert loaded.net.cfg.lead_token is lead
+    assert loaded.net.cfg.lead_token is lead and loaded.net.cfg.input_norm is norm
     for a, b in zip(net.state_dict().values(), loaded.net.state_dict().values()):
         assert torch.equal(a, b)
     d = primed(loaded, target, [5, 9, 2, 7, 1])
@@ -173,3 +176,23 @@ def test_lead_token_row_reads_the_drafted_position_1_token(target):
         d.cache.truncate(base)
         assert torch.equal(lat.tokens[1:], torch.log_softmax(ref.double(), -1).topk(TOP_K, dim=-1).indices)
 
+
+
+def test_input_norms_balance_the_two_halves_of_a_row(target):
+    """With input norms a row does not change when the hidden half is scaled (a trained target's
+    features are many times the embedding's size); without them the scaled half takes over."""
+    tok, hidden = torch.tensor([[3, 8]]), torch.randn(1, 2, target.cfg.hidden_size)
+    emb = target.model.embed_tokens.weight
+    for norm in (False, True):
+        net = random_drafter_net("sequential", target.cfg, seed=2, input_norm=norm)
+        a, b = net.rows(tok, hidden, emb), net.rows(tok, 100 * hidden, emb)
+        assert torch.allclose(a, b, atol=1e-4) is norm
+
+
+def test_a_mistyped_input_norm_is_named(target, tmp_path):
+    save_drafter(random_drafter_net("block", target.cfg, seed=1, input_norm=True), tmp_path / "d")
+    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
+    cfg["input_norm"] = "yes"
+    (tmp_path / "d" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="'input_norm' = 'yes': expected true or false"):
+        load_drafter(str(tmp_path / "d"), target=target)

@@ -12,8 +12,8 @@ from specpilot.engine.drafters import DraftLM, FeatureDrafter, NgramDrafter
 from specpilot.engine.replay import continuation, drafter_taus, make_policy
 from specpilot.engine.synthetic import FAMILIES, perturbed, random_drafter_net, random_model, tiny_config
 
-KINDS = ("sequential", "block", "block_lead", "block_markov", "block_markov_lead", "ngram", "draft_lm_self",
-         "draft_lm_noisy")
+KINDS = ("sequential", "sequential_norm", "block", "block_lead", "block_markov", "block_markov_lead",
+         "block_markov_lead_norm", "ngram", "draft_lm_self", "draft_lm_noisy")
 
 
 @lru_cache(maxsize=None)
@@ -29,9 +29,11 @@ def make_drafter(kind: str, family: str, seed: int):
         # a draft LM must be attention-only: hybrids get a dense model of the same vocabulary
         base = tgt if not tgt.cfg.is_hybrid else target("llama", seed)
         return DraftLM(base if kind == "draft_lm_self" else perturbed(base, seed + 1, 0.3))
+    norm = kind.endswith("_norm")  # input norms on both halves of a row
+    kind = kind.removesuffix("_norm")
     lead = kind.endswith("_lead")  # the first mask row reads the drafted position-1 token
     net = random_drafter_net(kind.removesuffix("_lead"), tgt.cfg, seed=seed + 7, dtype=torch.float64, block=6,
-                             lead_token=lead)
+                             lead_token=lead, input_norm=norm)
     return FeatureDrafter(net, tgt)
 
 

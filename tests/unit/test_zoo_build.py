@@ -180,3 +180,22 @@ def test_drafter_depths_come_from_the_recipe():
     r = dataclasses.replace(B.PRESETS["nano"], block_layers=3, sequential_layers=2)
     cfg = B.target_config(r, hybrid=False)
     assert [B.drafter_config(r, k, cfg).num_hidden_layers for k in B.KINDS] == [2, 3, 3]
+
+
+def test_zoo_build_set_changes_the_recipe_and_records_it(tmp_path, capsys):
+    out = tmp_path / "nano"
+    assert main(["zoo", "build", "--preset", "nano", "--out", str(out), "--roles", "dense",
+                 "--set", "input_norm=false", "--set", "markov_steps=2", "--json"]) == 0
+    m = json.loads(capsys.readouterr().out)
+    assert (m["recipe"]["input_norm"], m["recipe"]["markov_steps"]) == (False, 2)
+    assert m["command"].endswith("--set input_norm=false --set markov_steps=2")
+    cfg = json.loads((out / "dense-sequential" / "config.json").read_text())
+    assert cfg["input_norm"] is False  # the nano recipe's own is true
+    assert B.PRESETS["nano"].input_norm is True
+
+
+def test_zoo_build_names_a_bad_set(tmp_path, capsys):
+    assert main(["zoo", "build", "--preset", "nano", "--out", str(tmp_path / "x"), "--set", "input_norm=maybe"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "input_norm=maybe" in err[0] and "not a bool" in err[0]
+    assert not (tmp_path / "x").exists()

@@ -16,9 +16,9 @@ def features(seq):
     return out.features[0]
 
 
-def net(kind, block=6, lead_token=False):
+def net(kind, block=6, lead_token=False, input_norm=False):
     return random_drafter_net(kind, TARGET.cfg, seed=9, dtype=torch.float64, block=block,
-                              target_layers=[0, 2, 3], lead_token=lead_token)
+                              target_layers=[0, 2, 3], lead_token=lead_token, input_norm=input_norm)
 
 
 def primed(n, seq, p):
@@ -29,9 +29,9 @@ def primed(n, seq, p):
     return d
 
 
-@pytest.mark.parametrize("lead_token", [False, True])
-def test_block_training_rows_equal_inference(lead_token):
-    n, m, p = net("block_markov", lead_token=lead_token), 6, 9
+@pytest.mark.parametrize("lead_token,input_norm", [(False, False), (True, False), (True, True)])
+def test_block_training_rows_equal_inference(lead_token, input_norm):
+    n, m, p = net("block_markov", lead_token=lead_token, input_norm=input_norm), 6, 9
     seq = [int(t) for t in torch.randint(1, 61, (20,), generator=torch.Generator().manual_seed(1))]
     emb, head = TARGET.model.embed_tokens.weight, TARGET.lm_head_weight
     # training reads the true position-1 token; inference reads the drafted one: make them the same
@@ -53,8 +53,9 @@ def test_block_training_rows_equal_inference(lead_token):
     torch.testing.assert_close(lat.logp, top.values, rtol=1e-9, atol=1e-9)
 
 
-def test_sequential_unrolled_rows_equal_inference():
-    n, p, steps = net("sequential"), 7, 3
+@pytest.mark.parametrize("input_norm", [False, True])
+def test_sequential_unrolled_rows_equal_inference(input_norm):
+    n, p, steps = net("sequential", input_norm=input_norm), 7, 3
     emb, head = TARGET.model.embed_tokens.weight, TARGET.lm_head_weight
     seq = [int(t) for t in torch.randint(1, 61, (16,), generator=torch.Generator().manual_seed(2))]
     # make the drafted tokens the drafter's own argmaxes, as they are at inference
