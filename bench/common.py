@@ -1,4 +1,4 @@
-"""What every benchmark script shares: the commit it measures."""
+"""What every benchmark script shares: the commit it measures, the profile of a step."""
 
 from __future__ import annotations
 
@@ -28,3 +28,18 @@ def deal(fn, prompts: list, jobs: int, pool, *args) -> dict:
             # prompt i went to process i % jobs, as its (i // jobs)-th prompt
             row[key] = sum(vals) if key.endswith("_s") else [vals[i % jobs][i // jobs] for i in range(len(prompts))]
     return out
+
+
+def top_kernels(run, steps: int, device: str, n: int = 25) -> list[dict]:
+    """The n operators that take the most time (device time on a GPU, else CPU time) while
+    `run()` runs `steps` steps, per step."""
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    cuda = str(device).startswith("cuda")
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=acts) as prof:
+        run()
+    key = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
+    rows = sorted(prof.key_averages(), key=key, reverse=True)[:n]
+    return [{"name": e.key[:120], "calls_per_step": e.count / steps, "ms_per_step": key(e) / 1e3 / steps} for e in rows]

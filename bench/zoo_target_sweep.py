@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import git_sha  # noqa: E402
+from common import git_sha, top_kernels  # noqa: E402
 from zoo_realism import heldout_docs, measure  # noqa: E402
 
 from specpilot.zoo import build as B  # noqa: E402
@@ -51,17 +51,7 @@ def step_seconds(r: B.Recipe, hybrid: bool, train_ids: torch.Tensor, device: str
         return time.perf_counter() - t
     warmup = run(steps)  # allocator, kernels, autotuning, compiling
     per_step = (run(2 * steps) - run(steps)) / steps
-    kernels = None
-    if profile:
-        from torch.profiler import ProfilerActivity
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-        with torch.profiler.profile(activities=acts) as prof:
-            run(steps)
-        rows = sorted(prof.key_averages(), key=lambda e: e.self_device_time_total if device == "cuda"
-                      else e.self_cpu_time_total, reverse=True)[:25]
-        kernels = [{"name": e.key[:120], "calls_per_step": e.count / steps,
-                    "ms_per_step": (e.self_device_time_total if device == "cuda" else e.self_cpu_time_total)
-                    / 1e3 / steps} for e in rows]
+    kernels = top_kernels(lambda: run(steps), steps, device) if profile else None
     return per_step, warmup, kernels
 
 

@@ -99,3 +99,30 @@ def test_gdn_train_step_times_every_chunk_size(tmp_path):
     assert set(res["results"]) == {"chunk_32", "chunk_64"}
     for row in res["results"].values():
         assert row["rule_eager_ms"] > 0 and row["layer_eager_ms"] > 0
+
+
+def test_drafter_rows_sizes_both_halves_of_every_feature_drafter(tmp_path):
+    from specpilot.zoo.build import build
+
+    zoo = tmp_path / "nano"
+    build("nano", zoo, log=lambda *a: None, roles=("dense",))
+    out = tmp_path / "rows.json"
+    run("drafter_rows.py", "--zoo", str(zoo), "--prompts", "2", "--out", str(out))
+    res = json.loads(out.read_text())
+    assert {"command", "device", "date", "git_sha"} <= set(res)
+    assert set(res["drafters"]) == {"dense-sequential", "dense-block", "dense-block-markov"}
+    for row in res["drafters"].values():
+        assert row["input_norm"] is True  # the nano recipe's
+        assert row["embedding_part_rms"] > 0 and row["hidden_part_rms"] > 0
+        assert abs(row["hidden_over_embedding"] - row["hidden_part_rms"] / row["embedding_part_rms"]) < 1e-9
+
+
+def test_zoo_build_steps_times_the_stages_after_the_targets(tmp_path):
+    out = tmp_path / "steps.json"
+    run("zoo_build_steps.py", "--preset", "nano", "--role", "hybrid", "--steps", "2", "--seqs", "8", "--profile",
+        "--out", str(out))
+    res = json.loads(out.read_text())
+    assert {"command", "device", "date", "git_sha"} <= set(res)
+    stages = res["roles"]["hybrid"]
+    assert set(stages) == {"decode", "sequential", "block", "block_markov"}
+    assert all(row["kernels"] and "step_ms" in row and "stage_estimate_s" in row for row in stages.values())
