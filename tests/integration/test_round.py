@@ -84,10 +84,12 @@ def test_a_round_measures_proposes_judges_stores_and_reports(tmp_path):
     assert set(out) >= {"rounds", "speedup_over_stock", "report"}
     assert out["rounds"][0]["direction"] == rec["direction"]
     assert out["speedup_over_stock"] > 0 and out["speedup_over_ar"] > 0
-    # 2 repeats of 1 cell on shared CPU cores cannot accept a 10 % gain: the round says so
+    # whether 2 repeats of 1 cell can accept the CPU's 10 % target depends on how noisy the cores
+    # were in the stock-vs-stock baseline (usually they cannot): the round reports it either way
     power = summary["power"]
     assert out["power"] == power and (power["repeats"], power["cells"], power["device"]) == (2, 1, "cpu")
-    assert not power["meets_target"] and power["smallest_gain"] > power["target"] == 0.10
+    assert power["target"] == 0.10 and power["smallest_gain"] > 0
+    assert power["meets_target"] == (power["smallest_gain"] <= power["target"])
 
 
 def test_a_killed_run_resumes_without_measuring_again(tmp_path):
