@@ -1,4 +1,5 @@
-"""What every benchmark script shares: the commit it measures, the profile of a step."""
+"""What every benchmark script shares: the commit it measures, a recipe from the command line, a
+synchronized timer and the profile of a step."""
 
 from __future__ import annotations
 
@@ -43,3 +44,30 @@ def top_kernels(run, steps: int, device: str, n: int = 25) -> list[dict]:
     key = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
     rows = sorted(prof.key_averages(), key=key, reverse=True)[:n]
     return [{"name": e.key[:120], "calls_per_step": e.count / steps, "ms_per_step": key(e) / 1e3 / steps} for e in rows]
+
+
+def recipe(ap, args):
+    """The recipe of `--preset` with the `--set FIELD=VALUE` changes; a bad change is the parser's
+    one-line usage error."""
+    from specpilot.zoo import build
+
+    try:
+        return build.with_overrides(build.PRESETS[args.preset], args.set)
+    except ValueError as e:
+        ap.error(str(e))
+
+
+def seconds(fn, device: str) -> float:
+    """Wall seconds of fn(), with the device's queued work finished before and after."""
+    import time
+
+    import torch
+
+    cuda = str(device).startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - t

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import git_sha  # noqa: E402
 
 from specpilot.engine.checkpoint import load_model  # noqa: E402
-from specpilot.engine.drafters import FeatureDrafter, load_drafter  # noqa: E402
+from specpilot.engine.drafters import FEATURE_KINDS, FeatureDrafter, load_drafter  # noqa: E402
 from specpilot.zoo import tokenizer as tok_mod  # noqa: E402
 from specpilot.zoo import workloads  # noqa: E402
 
@@ -62,12 +62,15 @@ def main() -> int:
     result = {"command": " ".join(["python"] + sys.argv), "date": datetime.date.today().isoformat(),
               "git_sha": git_sha(), "device": "cpu", "torch": torch.__version__, "preset": manifest["preset"],
               "prompts": args.prompts, "drafters": {}}
+    reqs, targets = workloads.humaneval(limit=args.prompts), {}  # a target and its prompts, loaded once
     for m in manifest["models"]:
-        if m["role"] != "drafter" or m["kind"] not in ("sequential", "block", "block_markov"):
+        if m["role"] != "drafter" or m["kind"] not in FEATURE_KINDS:
             continue
-        target = load_model(zoo / m["target"], torch.float32)
-        tok = tok_mod.load(zoo / m["target"])
-        prompts = [tok_mod.encode(tok, q.prompt)[-512:] for q in workloads.humaneval(limit=args.prompts)]
+        if m["target"] not in targets:
+            tok = tok_mod.load(zoo / m["target"])
+            targets[m["target"]] = (load_model(zoo / m["target"], torch.float32),
+                                    [tok_mod.encode(tok, q.prompt)[-512:] for q in reqs])
+        target, prompts = targets[m["target"]]
         drafter = load_drafter(str(zoo / m["path"]), target=target)
         result["drafters"][m["name"]] = row = halves(drafter, target, prompts)
         print(f"{m['name']:22s} embedding part {row['embedding_part_rms']:.3f}  hidden part "

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import git_sha  # noqa: E402
+from common import git_sha, recipe  # noqa: E402
 
 from specpilot.engine.drafters import FeatureDrafter  # noqa: E402
 from specpilot.zoo import build as B  # noqa: E402
@@ -45,10 +45,7 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    try:
-        r = B.with_overrides(B.PRESETS[args.preset], args.set)
-    except ValueError as e:
-        ap.error(str(e))
+    r = recipe(ap, args)
     result = {"command": " ".join(["python"] + sys.argv), "date": datetime.date.today().isoformat(),
               "git_sha": git_sha(), "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
               "torch": torch.__version__, "preset": args.preset, "role": args.role,

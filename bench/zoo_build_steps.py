@@ -17,26 +17,15 @@ import dataclasses
 import datetime
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import git_sha, top_kernels  # noqa: E402
+from common import git_sha, recipe, seconds, top_kernels  # noqa: E402
 
 from specpilot.zoo import build as B  # noqa: E402
 from specpilot.zoo import train  # noqa: E402
-
-
-def seconds(fn, device: str) -> float:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    t = time.perf_counter()
-    fn()
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    return time.perf_counter() - t
 
 
 def per_step(run, n: int, device: str, profile: bool) -> dict:
@@ -84,10 +73,7 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    try:
-        r = B.with_overrides(B.PRESETS[args.preset], args.set)
-    except ValueError as e:
-        ap.error(str(e))
+    r = recipe(ap, args)
     result = {"command": " ".join(["python"] + sys.argv), "date": datetime.date.today().isoformat(),
               "git_sha": git_sha(), "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
               "torch": torch.__version__, "preset": args.preset, "overrides": args.set, "steps": args.steps,

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import git_sha, top_kernels  # noqa: E402
+from common import git_sha, recipe, seconds, top_kernels  # noqa: E402
 from zoo_realism import heldout_docs, measure  # noqa: E402
 
 from specpilot.zoo import build as B  # noqa: E402
@@ -41,14 +41,8 @@ def step_seconds(r: B.Recipe, hybrid: bool, train_ids: torch.Tensor, device: str
     target = B.new_target(r, hybrid, device)
 
     def run(n):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        train.train_lm(target, train_ids, n, r.target_batch, r.seq, r.target_lr, r.seed + 2, "step", None, device,
-                       compile=r.compile_target)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - t
+        return seconds(lambda: train.train_lm(target, train_ids, n, r.target_batch, r.seq, r.target_lr, r.seed + 2,
+                                              "step", None, device, compile=r.compile_target), device)
     warmup = run(steps)  # allocator, kernels, autotuning, compiling
     per_step = (run(2 * steps) - run(steps)) / steps
     kernels = top_kernels(lambda: run(steps), steps, device) if profile else None
@@ -70,10 +64,7 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true", help="with --time-only: the top kernels of a step by device time")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    try:
-        r = B.with_overrides(B.PRESETS[args.preset], args.set)
-    except ValueError as e:
-        ap.error(str(e))
+    r = recipe(ap, args)
     roles = args.role or ["dense"]
     if len(roles) > 1 and not args.time_only:
         ap.error("several --role only with --time-only")
