@@ -42,7 +42,8 @@ def step_seconds(r: B.Recipe, hybrid: bool, train_ids: torch.Tensor, device: str
 
     def run(n):
         return seconds(lambda: train.train_lm(target, train_ids, n, r.target_batch, r.seq, r.target_lr, r.seed + 2,
-                                              "step", None, device, compile=r.compile_target), device)
+                                              "step", None, device, compile=r.compile_target,
+                                              scope=r.compile_scope), device)
     warmup = run(steps)  # allocator, kernels, autotuning, compiling
     per_step = (run(2 * steps) - run(steps)) / steps
     kernels = top_kernels(lambda: run(steps), steps, device) if profile else None

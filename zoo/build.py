@@ -87,6 +87,7 @@ class Recipe:
     anchors: int = 4  # blocks per training sequence (block kinds)
     store_dtype: str = "bfloat16"
     compile_target: bool = False  # on a GPU, train the target through torch.compile (eager if it fails)
+    compile_scope: str = "block"  # what one compiled graph holds: "block" or the whole "model" (train.compiled_loss)
     triton_gdn: bool = False  # on a GPU, hybrid targets train with the Triton delta rule (kernels/gdn_chunk.py)
     seed: int = 0
     corpus_bytes: int | None = None  # cap per split (tests); None = the whole standard library
@@ -95,6 +96,10 @@ class Recipe:
     corpus: str = "stdlib"
     corpus_sample: float = 1.0
     tokenizer_sample: float = 1.0  # share of the training files the tokenizer learns its merges on
+
+    def __post_init__(self) -> None:
+        if self.compile_scope not in ("block", "model"):
+            raise ValueError(f"recipe {self.name}: compile_scope {self.compile_scope!r} is not 'block' or 'model'")
 
     def training(self, kind: str) -> tuple[int, int, float]:
         """(steps, batch, learning rate) of a drafter kind."""
@@ -242,7 +247,8 @@ def train_target(r: Recipe, hybrid: bool, train_ids: torch.Tensor, device: str, 
     target = new_target(r, hybrid, device)
     steps = r.target_steps if hybrid else r.dense_steps or r.target_steps
     train.train_lm(target, train_ids, steps, r.target_batch, r.seq, r.target_lr, r.seed + 2,
-                   f"{'hybrid' if hybrid else 'dense'} target", log, device, compile=r.compile_target)
+                   f"{'hybrid' if hybrid else 'dense'} target", log, device, compile=r.compile_target,
+                   scope=r.compile_scope)
     return target
 
 

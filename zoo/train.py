@@ -15,6 +15,7 @@ same row layout the engine drafts with (engine/drafters.py):
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import warnings
@@ -93,18 +94,23 @@ def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
 
-def compiled_loss(model: Model):
-    """windows [B, T+1] → the next-token loss, with each block of `model` and the loss compiled on
-    their own. Blocks of one kind share their compiled code, so a hybrid target compiles two blocks
-    (and the loss), not one graph of all its layers."""
+def compiled_loss(model: Model, scope: str = "block"):
+    """windows [B, T+1] → the next-token loss through torch.compile. `scope` "block": each block of
+    `model` and the loss compiled on their own — blocks of one kind share their compiled code, so a
+    hybrid target compiles two blocks (and the loss), not one graph of all its layers; "model": one
+    graph of the whole forward and the loss (longer to compile, fewer launches and graph seams)."""
+    if scope == "model":
+        return torch.compile(lambda x: next_token_loss(model(x[:, :-1]).logits, x[:, 1:]))
+    if scope != "block":
+        raise ValueError(f"compile scope {scope!r}: expected 'block' or 'model'")
     blocks, loss = [torch.compile(b) for b in model.model.layers], torch.compile(next_token_loss)
     return lambda x: loss(model(x[:, :-1], layers=blocks).logits, x[:, 1:])
 
 
 def train_lm(model: Model, stream: torch.Tensor, steps: int, batch: int, seq: int, lr: float, seed: int,
-             desc: str, log: Log | None, device="cpu", compile: bool = False) -> float:
+             desc: str, log: Log | None, device="cpu", compile: bool = False, scope: str = "block") -> float:
     """Next-token training on random windows of `stream`; with `compile` on a GPU, through
-    `compiled_loss` (a compiler failure warns and trains eagerly)."""
+    `compiled_loss` of that `scope` (a compiler failure warns and trains eagerly)."""
     gen = torch.Generator().manual_seed(seed)
     # every step's window starts drawn up front (as `windows` draws them, step by step), and the
     # stream on the device: a step gathers its batch there, with no host-to-device copy
@@ -112,7 +118,7 @@ def train_lm(model: Model, stream: torch.Tensor, steps: int, batch: int, seq: in
     starts, stream = starts.to(device), stream.to(device)
     span = torch.arange(seq + 1, device=device)
     model.train()
-    compiled = compiled_loss(model) if compile and str(device).startswith("cuda") else None
+    compiled = compiled_loss(model, scope) if compile and str(device).startswith("cuda") else None
 
     def loss_fn(step):
         nonlocal compiled
@@ -170,7 +176,21 @@ def stream_eval(model: Model, stream: torch.Tensor, seq: int, byte_lengths: torc
 
 
 # ---- distillation data ----------------------------------------------------------------------
+@contextlib.contextmanager
+def tf32_matmuls():
+    """The passes that make training data (distillation continuations, target features): float32
+    matmuls on a GPU's TF32 tensor cores (several times faster at batch 4096). What they make is data
+    to train on; τ is measured on the float32 model as it ships."""
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(old)
+
+
 @torch.no_grad()
+@tf32_matmuls()
 def greedy_continuations(model: Model, prompts: torch.Tensor, new: int, batch: int = 128) -> torch.Tensor:
     """[N, P] prompts → [N, P + new]: the target's own greedy continuations (batched, cached)."""
     outs = []
@@ -189,6 +209,7 @@ def greedy_continuations(model: Model, prompts: torch.Tensor, new: int, batch: i
 
 
 @torch.no_grad()
+@tf32_matmuls()
 def target_features(model: Model, seqs: torch.Tensor, layers: tuple[int, ...], batch: int = 64) -> torch.Tensor:
     return torch.cat([model(c, feature_layers=layers, logits=False).features.float() for c in seqs.split(batch)])
 

@@ -131,6 +131,8 @@ def test_recipe_overrides_parse_as_the_field_type_and_name_bad_ones():
         B.with_overrides(r, ["seq=x"])
     with pytest.raises(ValueError, match="expected FIELD=VALUE"):
         B.with_overrides(r, ["seq"])
+    with pytest.raises(ValueError, match="compile_scope 'graph' is not"):
+        B.with_overrides(r, ["compile_scope=graph"])
 
 
 def test_roles_built_side_by_side_equal_the_roles_built_in_turn(tmp_path):
