@@ -127,6 +127,7 @@ PRESETS = {
     # feature drafters see their 12288 sequences 3 (sequential) to 6 times; the roles build side by side
     "small": Recipe("small", vocab=16384, target=Shape(512, 8, 8, 4, 1536), draft_lm=Shape(256, 4, 4, 2, 768),
                     target_steps=4000, dense_steps=5000, target_batch=64, seq=512, target_lr=3e-3, compile_target=True,
+                    compile_scope="model",
                     draft_lm_corpus_steps=1200,
                     distill_seqs=12288, prompt_len=64, gen_len=192,
                     drafter_steps=1200, drafter_batch=64, sequential_batch=32, drafter_lr=1e-3, anchors=8, block_layers=2,
