@@ -62,7 +62,7 @@ def main() -> int:
     conts = B.eval_continuations(r, target, inp.prompts)
     result["prompt_tokens"] = {k: [len(c.prompt) for c in cs] for k, cs in conts.items()}
     result["continuations"] = {k: [inp.tok.decode(list(c.tokens)) for c in cs[:4]] for k, cs in conts.items()}
-    _, batch, kind_lr = r.training(args.kind)
+    _, batch, kind_lr = r.training(args.kind, args.role)
     lrs = [float(x) for x in args.lr.split(",")] if args.lr else [kind_lr]
     anchors = [int(x) for x in args.anchors.split(",")] if args.anchors else [r.anchors]
     flags = lambda text, default: [bool(int(x)) for x in text.split(",")] if text else [default]  # noqa: E731

@@ -49,7 +49,7 @@ def role_steps(r: B.Recipe, hybrid: bool, device: str, n: int, seqs_n: int, prof
     feats = train.target_features(target, seqs, layers)
     block = None
     for kind in B.KINDS:
-        steps, batch, lr = r.training(kind)
+        steps, batch, lr = r.training(kind, "hybrid" if hybrid else "dense")
         cfg = B.drafter_config(r, kind, target.cfg)
 
         def run(k, cfg=cfg, batch=batch, lr=lr):

@@ -6,7 +6,8 @@
 #      continuations on the GPU, drafters replayed on the CPU cores, JOBS processes each;
 #   3. the GPU test suite, once realism is done (GPU_TESTS=0 skips it).
 # Usage (repository root, GPU machine, package installed): bash bench/zoo_small_gpu.sh DIR
-# BUILD_ARGS: more arguments for the build, e.g. "--set triton_gdn=true".
+# BUILD_ARGS: more arguments for the build, e.g. "--set triton_gdn=true"; JOBS (default 7) and
+# TREE_JOBS (default JOBS): processes of the tau and the trees benches.
 # DIR receives the results (zoo_*.json), the build's manifest and every log; `done` marks the end.
 set -uo pipefail
 dir=${1:?usage: bash bench/zoo_small_gpu.sh DIR}
@@ -30,7 +31,7 @@ realism=$!
 SPECPILOT_COMPILE=0 python bench/zoo_tau.py --zoo out/small --device cuda --replay-device cpu --prompts 164 \
     --jobs "$jobs" --out "$dir/zoo_tau_small_164.json" >"$dir/tau.log" 2>&1 &
 SPECPILOT_COMPILE=0 python bench/zoo_trees.py --zoo out/small --device cuda --replay-device cpu --prompts 164 \
-    --jobs "$jobs" --roles "${TREE_ROLES:-hybrid,dense}" --out "$dir/zoo_trees_small.json" >"$dir/trees.log" 2>&1 &
+    --jobs "${TREE_JOBS:-$jobs}" --roles "${TREE_ROLES:-hybrid,dense}" --out "$dir/zoo_trees_small.json" >"$dir/trees.log" 2>&1 &
 wait "$realism"; log "realism exit $?"
 if [ "${GPU_TESTS:-1}" != 0 ]; then
     python -m pytest -q -p no:cacheprovider tests/gpu >"$dir/gpu_tests_h200.log" 2>&1

@@ -18,6 +18,8 @@ t together with the embedding of the token at t+1. Their checkpoints are folders
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -50,14 +52,27 @@ class Lattice:
     def positions(self) -> int:
         return self.tokens.shape[0]
 
-    def chain(self) -> list[int]:
-        """Stock chain: the top-1 token of each position, up to the first position without one."""
-        out = []
-        for t in self.tokens[:, 0].tolist():
-            if t < 0:
+    def chain_candidates(self) -> list[int]:
+        """The stock chain as candidate indices: the top-1 of position 1, then at each later
+        position the best child of the previous pick under `trans` (the top-1 without it), up to
+        the first position without a candidate. A Markov drafter's chain follows its Markov head."""
+        toks = self.tokens.tolist()
+        trans = self.trans.tolist() if self.trans is not None else None
+        out, c = [], 0
+        for i, row in enumerate(toks):
+            if row[c] < 0:
                 break
-            out.append(t)
+            out.append(c)
+            if trans is not None and i < len(trans) and i + 1 < len(toks):
+                nxt = [s if t >= 0 else -math.inf for s, t in zip(trans[i][c], toks[i + 1])]
+                c = max(range(len(nxt)), key=lambda j: (nxt[j], -j))  # ties: the lower index, as argmax
+            else:
+                c = 0
         return out
+
+    def chain(self) -> list[int]:
+        """The stock chain's tokens (chain_candidates)."""
+        return [self.tokens[i, c].item() for i, c in enumerate(self.chain_candidates())]
 
     @staticmethod
     def empty() -> Lattice:

@@ -88,7 +88,7 @@ def build(spec: TreeSpec, root: torch.Tensor, tokens: torch.Tensor, logp: torch.
     """The spec's tree over a lattice (tokens, logp [m, k], trans [m-1, k, k] or None); root: [1];
     tables: `sequoia_tables(spec)` for Sequoia specs."""
     if spec.kind == "chain":
-        return _chain(spec, root, tokens)
+        return _chain(spec, root, tokens, trans)
     if spec.kind == "sequoia":
         return _sequoia(spec, root, tokens, tables or sequoia_tables(spec, tokens.device))
     node, tr = scores(tokens, logp, trans)
@@ -104,11 +104,20 @@ def _rows(root, tokens, pos, cand, parents, depth, valid) -> TreeRows:
                     torch.cat((torch.ones(1, dtype=torch.bool, device=dev), valid)))
 
 
-def _chain(spec, root, tokens):
+def _chain(spec, root, tokens, trans):
+    """Lattice.chain_candidates on the device: each pick is the previous pick's best child under
+    `trans` (a fixed loop over the positions: no host round trip)."""
     m, dev = spec.nodes, tokens.device
     idx = torch.arange(m, device=dev)
-    valid = (tokens[:m, 0] >= 0).long().cumprod(0).bool()
-    return _rows(root, tokens, idx, torch.zeros_like(idx), idx, idx + 1, valid)
+    cand = torch.zeros_like(idx)
+    if trans is not None and m > 1:
+        picks = [cand[0]]
+        for i in range(m - 1):
+            row = trans[i].index_select(0, picks[-1].view(1))[0]
+            picks.append(row.masked_fill(tokens[i + 1] < 0, NEG).argmax())
+        cand = torch.stack(picks)
+    valid = (tokens[idx, cand] >= 0).long().cumprod(0).bool()
+    return _rows(root, tokens, idx, cand, idx, idx + 1, valid)
 
 
 def _sequoia(spec, root, tokens, tables):

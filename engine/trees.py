@@ -89,8 +89,8 @@ def _tree(root: int, lat: Lattice, nodes: list[tuple[int, int, int]]) -> Tree:
 
 
 def chain(root: int, lat: Lattice, limit: int | None = None) -> Tree:
-    n = len(lat.chain()) if limit is None else min(limit, len(lat.chain()))
-    return _tree(root, lat, [(i, 0, i) for i in range(n)])
+    cands = lat.chain_candidates()[:limit]
+    return _tree(root, lat, [(i, c, i) for i, c in enumerate(cands)])
 
 
 def best_first(root: int, lat: Lattice, n: int, max_depth: int = MAX_DEPTH) -> Tree:

@@ -69,6 +69,7 @@ class Recipe:
     block_layers: int = 1  # block drafters draft every position in one pass: depth is cheap for them
     sequential_layers: int = 1  # a sequential drafter runs its layers once per drafted position
     block_steps: int | None = None  # None: drafter_steps
+    dense_block_steps: int | None = None  # the dense role's block drafter (None: block_steps)
     block_lr: float | None = None  # None: drafter_lr
     block_lead: bool = True  # the first mask row reads the drafted position-1 token (DraftConfig.lead_token)
     input_norm: bool = True  # feature drafters normalize both halves of an input row (DraftConfig.input_norm)
@@ -101,12 +102,13 @@ class Recipe:
         if self.compile_scope not in ("block", "model"):
             raise ValueError(f"recipe {self.name}: compile_scope {self.compile_scope!r} is not 'block' or 'model'")
 
-    def training(self, kind: str) -> tuple[int, int, float]:
-        """(steps, batch, learning rate) of a drafter kind."""
+    def training(self, kind: str, role: str = "hybrid") -> tuple[int, int, float]:
+        """(steps, batch, learning rate) of a drafter kind of a target role."""
         if kind == "sequential":
             return self.drafter_steps, self.sequential_batch, self.drafter_lr
         if kind == "block":
-            return self.block_steps or self.drafter_steps, self.drafter_batch, self.block_lr or self.drafter_lr
+            steps = (role == "dense" and self.dense_block_steps) or self.block_steps or self.drafter_steps
+            return steps, self.drafter_batch, self.block_lr or self.drafter_lr
         if kind == "block_markov":
             return self.markov_steps, self.drafter_batch, self.markov_lr
         raise ValueError(f"no drafter training for kind {kind!r}")
@@ -124,14 +126,16 @@ PRESETS = {
     # × 64 × 512 tokens; a 512-token context covers HumanEval prompts plus their completions), the
     # dense one, cheaper per step, 3.4 times (5000 steps); the draft LM (trained once for both roles)
     # 0.8 of it and then its distillation data about once (100 × 64 × 512 tokens of 12288 × 256);
-    # feature drafters see their 12288 sequences 3 (sequential) to 6 times; the roles build side by side
+    # feature drafters see their 12288 sequences 3 (sequential) to 6 times, the dense block drafter
+    # 19 times (3600 steps: its role ends well before the hybrid one, and its launch-bound steps
+    # take little of the GPU from the hybrid target); the roles build side by side
     "small": Recipe("small", vocab=16384, target=Shape(512, 8, 8, 4, 1536), draft_lm=Shape(256, 4, 4, 2, 768),
                     target_steps=4000, dense_steps=5000, target_batch=64, seq=512, target_lr=3e-3, compile_target=True,
                     compile_scope="model",
                     draft_lm_corpus_steps=1200,
                     distill_seqs=12288, prompt_len=64, gen_len=192,
                     drafter_steps=1200, drafter_batch=64, sequential_batch=32, drafter_lr=1e-3, anchors=8, block_layers=2,
-                    draft_lm_steps=100, eval_prompts=8, eval_new_tokens=64, markov_rank=64, markov_steps=600,
+                    dense_block_steps=3600, draft_lm_steps=100, eval_prompts=8, eval_new_tokens=64, markov_rank=64, markov_steps=600,
                     markov_lr=3e-3, workload_prompts=0.5, workload_files=0.1, gen_batch=4096, corpus="code", triton_gdn=True,
                     tokenizer_sample=0.25),
     # a seconds-long build of the whole pipeline for the test suite
@@ -436,7 +440,7 @@ def build_role(r: Recipe, role: str, inp: Inputs, out: Path, device: str, log, t
     block = None  # the block drafter as shipped: the block + Markov drafter's frozen body
     for kind in KINDS:
         t = time.perf_counter()
-        steps, batch, lr = r.training(kind)
+        steps, batch, lr = r.training(kind, role)
         net = train.train_drafter(drafter_config(r, kind, cfg), target, seqs, feats, r.prompt_len,
                                   steps, batch, lr, r.seed + 5, f"{role} {kind} drafter", log,
                                   anchors=r.anchors, body=block)

@@ -73,6 +73,23 @@ def test_depth_limit_and_chain_and_topk_shapes():
     assert len(t) - 1 <= 20 and all(t.parents[i] < i for i in range(1, len(t)))
 
 
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), m=st.integers(1, 6))
+def test_a_markov_chain_follows_the_best_child_of_each_pick(seed, m):
+    lat = random_lattice(m, 4, seed, markov=True)
+    want, c = [], 0
+    for i in range(m):  # by definition: position 1's top-1, then argmax of trans[i-1, previous pick]
+        want.append(c)
+        if i + 1 < m:
+            c = int(lat.trans[i, c].argmax())
+    tree = trees.chain(1, lat)
+    assert [cand for _, cand in tree.cands] == want == lat.chain_candidates()
+    assert list(tree.tokens[1:]) == [lat.tokens[i, c].item() for i, c in enumerate(want)] == lat.chain()
+    if m > 2:  # the Markov head changes the chain somewhere on these lattices, or the test says nothing
+        assert any(trees.chain(1, random_lattice(m, 4, s, markov=True)).tokens
+                   != trees.chain(1, random_lattice(m, 4, s, markov=False)).tokens for s in range(seed, seed + 5))
+
+
 @pytest.mark.parametrize("markov", [False, True])
 def test_topk_is_eagle2_beam_by_definition(markov):
     """Per depth, the k best paths by brute-force path score among the k best children of the

@@ -178,6 +178,14 @@ def test_the_dense_target_trains_its_own_steps_when_the_recipe_gives_them(monkey
     assert seen == {"qwen3": 7}
 
 
+def test_the_dense_block_drafter_trains_its_own_steps_when_the_recipe_gives_them():
+    r = dataclasses.replace(B.PRESETS["nano"], drafter_steps=5, block_steps=6, dense_block_steps=11)
+    assert [r.training("block", role)[0] for role in ("dense", "hybrid")] == [11, 6]
+    assert [r.training("sequential", role)[0] for role in ("dense", "hybrid")] == [5, 5]
+    r = dataclasses.replace(r, dense_block_steps=None)
+    assert [r.training("block", role)[0] for role in ("dense", "hybrid")] == [6, 6]
+
+
 def test_drafter_depths_come_from_the_recipe():
     r = dataclasses.replace(B.PRESETS["nano"], block_layers=3, sequential_layers=2)
     cfg = B.target_config(r, hybrid=False)
