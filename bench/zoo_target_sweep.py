@@ -50,6 +50,49 @@ def step_seconds(r: B.Recipe, hybrid: bool, train_ids: torch.Tensor, device: str
     return per_step, warmup, kernels
 
 
+def side_by_side(r: B.Recipe, roles: list[str], train_ids: torch.Tensor, device: str, window_s: float,
+                 chunk: int = 10) -> dict:
+    """Per role, ms per training step timed alone (the other role's process waiting) and beside
+    the other role's (both training), as the build's side-by-side roles share one GPU. One forked
+    process per role (the parent must not have touched CUDA); each warms up, then every phase
+    starts at a barrier and lasts `window_s`, chunks of `chunk` steps counted until it ends."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    barrier, queue = ctx.Barrier(len(roles)), ctx.Queue()
+    phases = [(f"{role} alone", {role}) for role in roles] + [("side by side", set(roles))]
+
+    def work(role):
+        target = B.new_target(r, role == "hybrid", device)
+
+        def run(n):
+            return seconds(lambda: train.train_lm(target, train_ids, n, r.target_batch, r.seq, r.target_lr,
+                                                  r.seed + 2, "step", None, device, compile=r.compile_target,
+                                                  scope=r.compile_scope), device)
+        got = {"warmup_s": run(12)}
+        for name, busy in phases:
+            barrier.wait()
+            t, n = time.perf_counter(), 0
+            while time.perf_counter() - t < window_s:
+                if role in busy:
+                    run(chunk)
+                    n += chunk
+                else:
+                    time.sleep(0.05)
+            if role in busy:
+                got[name] = (time.perf_counter() - t) / n * 1e3
+        queue.put((role, got))
+
+    procs = [ctx.Process(target=work, args=(role,)) for role in roles]
+    for pr in procs:
+        pr.start()
+    out = dict(queue.get() for _ in roles)
+    for pr in procs:
+        pr.join()
+    return {role: {"warmup_s": got["warmup_s"], "alone_step_ms": got[f"{role} alone"],
+                   "side_by_side_step_ms": got["side by side"]} for role, got in out.items()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--preset", default="small")
@@ -63,6 +106,9 @@ def main() -> int:
     ap.add_argument("--keep", help="folder to save the trained target in (default: out/target_sweep/ROLE)")
     ap.add_argument("--time-only", action="store_true", help="only time the steps (no training run, no measures)")
     ap.add_argument("--profile", action="store_true", help="with --time-only: the top kernels of a step by device time")
+    ap.add_argument("--side-by-side", type=float, metavar="SECONDS",
+                    help="with --time-only and two roles: time each role's steps alone and beside the other's, "
+                         "SECONDS per phase, in two processes sharing the GPU as the build's roles do")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     r = recipe(ap, args)
@@ -72,10 +118,21 @@ def main() -> int:
     t = time.perf_counter()
     inp = B.prepare(r)
     prepare_s = time.perf_counter() - t
+    if args.side_by_side:
+        if not args.time_only or len(roles) != 2:
+            ap.error("--side-by-side needs --time-only and both --role dense --role hybrid")
+        shared = side_by_side(r, roles, inp.train_ids, args.device, args.side_by_side)
     head = {"command": " ".join(["python"] + sys.argv), "date": datetime.date.today().isoformat(),
             "git_sha": git_sha(), "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
             "torch": torch.__version__, "preset": args.preset, "overrides": args.set,
             "corpus_tokens": len(inp.train_ids), "prepare_s": prepare_s}
+    if args.side_by_side:
+        for role, got in shared.items():
+            print(f"{role}: {got['alone_step_ms']:.1f} ms/step alone, {got['side_by_side_step_ms']:.1f} beside the "
+                  f"other role (warm-up {got['warmup_s']:.1f} s)", flush=True)
+        Path(args.out).write_text(json.dumps(head | {"window_s": args.side_by_side, "roles": shared,
+                                                     "recipe": dataclasses.asdict(r)}, indent=1))
+        return 0
     timed = {}
     for role in roles:
         per_step, warmup_s, kernels = step_seconds(r, role == "hybrid", inp.train_ids, args.device,

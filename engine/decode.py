@@ -1,5 +1,5 @@
 """Greedy decoding: autoregressive, and speculative: one target pass over [newest token + a draft
-tree] (stock: the chain of the drafter's top-1 tokens) under an ancestor mask, accept the deepest
+tree] (stock: the drafter's chain, Lattice.chain) under an ancestor mask, accept the deepest
 root path whose every token equals the target's argmax at its parent, then the bonus token.
 Output is token-for-token what AR produces (up to ties broken differently by different rounding).
 

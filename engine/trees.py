@@ -4,7 +4,8 @@ A tree's node 0 is the root (the newest token, not yet in the target's cache); e
 is a lattice candidate (position = depth − 1, candidate index) with a parent. Trees are
 prefix-closed: a node's parent is always in the tree and comes before it. Policies:
 
-- `chain`         the top-1 candidate of each position (stock);
+- `chain`         the top-1 candidate of each position, or where the lattice has Markov
+                  transitions the best child of the previous pick (stock; Lattice.chain_candidates);
 - `best-first:N`  the N nodes of highest path score Σ log p(child | parent), scores normalized by
                   a log-softmax over each position's top-k (parent-conditioned where the lattice
                   has Markov transitions), at most 15 deep;

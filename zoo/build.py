@@ -127,8 +127,8 @@ PRESETS = {
     # dense one, cheaper per step, 3.4 times (5000 steps); the draft LM (trained once for both roles)
     # 0.8 of it and then its distillation data about once (100 × 64 × 512 tokens of 12288 × 256);
     # feature drafters see their 12288 sequences 3 (sequential) to 6 times, the dense block drafter
-    # 19 times (3600 steps: its role ends well before the hybrid one, and its launch-bound steps
-    # take little of the GPU from the hybrid target); the roles build side by side
+    # 19 times (3600 steps: it lifts that drafter's chain from level with n-gram to above it; its
+    # role still ends before the hybrid one, whose drafters it slows); the roles build side by side
     "small": Recipe("small", vocab=16384, target=Shape(512, 8, 8, 4, 1536), draft_lm=Shape(256, 4, 4, 2, 768),
                     target_steps=4000, dense_steps=5000, target_batch=64, seq=512, target_lr=3e-3, compile_target=True,
                     compile_scope="model",

@@ -130,13 +130,13 @@ def _mean(xs) -> float | None:
 
 def demo_deployment() -> dict:
     """The embedded default: the shipped micro dense target with its block+Markov drafter (stock:
-    chain speculation, the drafter's top-1 per position), two CPU cores standing for two GPUs."""
+    chain speculation along the drafter's Markov head), two CPU cores standing for two GPUs."""
     from specpilot import zoo
 
     shipped = Path(zoo.__file__).resolve().parent / "checkpoints" / "micro"
     return {"name": "micro-dense-cpu", "target": str(shipped / "dense"), "drafter": str(shipped / "dense-block-markov"),
             "drafters": {"block_markov": str(shipped / "dense-block-markov")}, "gpu": "cpu", "devices": "cpu,cpu",
-            "workload": "humaneval", "prompts": 3, "max_new_tokens": 96, "repeats": 10, "max_candidates": 2}
+            "workload": "humaneval", "prompts": 3, "max_new_tokens": 96, "repeats": 14, "max_candidates": 2}
 
 
 def verdict_key(dep: dict, k: int, candidate: str) -> str:

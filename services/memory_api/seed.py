@@ -63,8 +63,8 @@ def seed_entries() -> list[Entry]:
                 "switches the drafter: `drafter: kind:block_markov` names the deployment's checkpoint folder whose "
                 "config.json has drafter_kind = 'block_markov', trained for the deployment's target (a round maps "
                 "the kind through the deployment's `drafters`); a deployment without such a checkpoint cannot use it",
-                "the Markov transitions only change tree scores (best-first / topk); in chain mode only the "
-                "block drafter's top-1 is used",
+                "the Markov transitions score children given parents in trees (best-first / topk), and in chain "
+                "mode the chain follows them (each later position: the best child of the previous pick)",
                 _BATCH,
             ),
         ),
