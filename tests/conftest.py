@@ -1,14 +1,21 @@
-"""Shared pytest set-up: the `gpu` marker.
+"""Shared pytest set-up: the repository root off sys.path, and the `gpu` marker.
+
+The top-level folders import only as specpilot.engine, specpilot.kernels, ...; with the root on
+sys.path (`python -m pytest` puts the working folder there) the folder kernels/ would shadow the
+PyPI package `kernels` that transformers imports when it is installed.
 
 A test marked `gpu`, or any test under tests/gpu/, is skipped (with the reason) when
 torch.cuda.is_available() is false.
 """
 
+import sys
 from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parent.parent
 GPU_DIR = Path(__file__).parent / "gpu"
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT]
 
 
 def pytest_configure(config):
