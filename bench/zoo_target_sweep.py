@@ -32,18 +32,21 @@ from specpilot.zoo import tokenizer as tok_mod  # noqa: E402
 from specpilot.zoo import train, workloads  # noqa: E402
 
 
+def trainer(r: B.Recipe, hybrid: bool, train_ids: torch.Tensor, device: str):
+    """run(n): seconds of n more training steps of one fresh target of the role, through
+    `train.train_lm` (a compiled step is compiled once, on the first run)."""
+    target = B.new_target(r, hybrid, device)
+    return lambda n: seconds(lambda: train.train_lm(target, train_ids, n, r.target_batch, r.seq, r.target_lr,
+                                                    r.seed + 2, "step", None, device, compile=r.compile_target,
+                                                    scope=r.compile_scope), device)
+
+
 def step_seconds(r: B.Recipe, hybrid: bool, train_ids: torch.Tensor, device: str, steps: int = 12,
                  profile: bool = False) -> tuple[float, float, list | None]:
     """(seconds per training step at the recipe's shape, seconds of the first `steps` steps — the
     warm-up, compiling included —, and with `profile` the kernels of `steps` steady-state steps by
-    device time). One target trains through `train.train_lm` in every run, so a compiled step is
-    compiled once; the step time is the difference of a `2 × steps` and a `steps` run."""
-    target = B.new_target(r, hybrid, device)
-
-    def run(n):
-        return seconds(lambda: train.train_lm(target, train_ids, n, r.target_batch, r.seq, r.target_lr, r.seed + 2,
-                                              "step", None, device, compile=r.compile_target,
-                                              scope=r.compile_scope), device)
+    device time). The step time is the difference of a `2 × steps` and a `steps` run (`trainer`)."""
+    run = trainer(r, hybrid, train_ids, device)
     warmup = run(steps)  # allocator, kernels, autotuning, compiling
     per_step = (run(2 * steps) - run(steps)) / steps
     kernels = top_kernels(lambda: run(steps), steps, device) if profile else None
@@ -63,12 +66,7 @@ def side_by_side(r: B.Recipe, roles: list[str], train_ids: torch.Tensor, device:
     phases = [(f"{role} alone", {role}) for role in roles] + [("side by side", set(roles))]
 
     def work(role):
-        target = B.new_target(r, role == "hybrid", device)
-
-        def run(n):
-            return seconds(lambda: train.train_lm(target, train_ids, n, r.target_batch, r.seq, r.target_lr,
-                                                  r.seed + 2, "step", None, device, compile=r.compile_target,
-                                                  scope=r.compile_scope), device)
+        run = trainer(r, role == "hybrid", train_ids, device)
         got = {"warmup_s": run(12)}
         for name, busy in phases:
             barrier.wait()

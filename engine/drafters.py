@@ -19,7 +19,6 @@ t together with the embedding of the token at t+1. Their checkpoints are folders
 from __future__ import annotations
 
 import math
-
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -217,6 +216,7 @@ class Drafter:
 
     kind: str
     target_layers: tuple[int, ...] = ()
+    transitions: bool = False  # whether its lattices may carry parent → child scores (Lattice.trans)
 
     def reset(self, max_len: int) -> None: ...
 
@@ -254,7 +254,7 @@ class FeatureDrafter(Drafter):
         c = net.cfg
         if why := misfit(c, target.cfg):
             raise CheckpointError(why)
-        self.net, self.kind = net, c.kind
+        self.net, self.kind, self.transitions = net, c.kind, c.kind == "block_markov"
         self.emb, self.head = target.model.embed_tokens.weight, target.lm_head_weight
         self.target_layers = tuple(c.target_layers)
         self.block_size = c.block_size

@@ -201,8 +201,8 @@ class FastDecoder:
             self.lat[0].copy_(tok), self.lat[1].copy_(logp)
             if trans is not None:
                 self.lat[2].copy_(trans)
-        else:
-            trans = self.lat[2]  # host lattices always carry transitions (filled from logp when absent)
+        else:  # a host drafter without transitions: a chain takes each position's top-1, no walk
+            trans = self.lat[2] if self.host.transitions else None
         return treeops.build(self.spec, self.root, self.lat[0], self.lat[1], trans, self.tables)
 
     def _step(self):
@@ -275,12 +275,16 @@ class FastDecoder:
         if self.staging is None:
             pin = self.dev.type == "cuda"
             self.staging = tuple(torch.empty(b.shape, dtype=b.dtype, pin_memory=pin) for b in self.lat)
+        if lat.trans is not None and not self.host.transitions:
+            raise ValueError(f"a {self.host.kind} drafter's lattice carries transitions, but the drafter does not "
+                             "declare them (set its `transitions` to True)")
         tok, logp, trans = self.staging
         tok.fill_(-1), logp.fill_(float("-inf"))
         tok[:m, :k], logp[:m, :k] = lat.tokens[:m], lat.logp[:m]
-        trans.copy_(logp[1:, None, :].expand(-1, TOP_K, -1))  # no Markov head: each child's own score
-        if lat.trans is not None and m > 1:
-            trans[: m - 1, :k, :k] = lat.trans[: m - 1]
+        if self.host.transitions:  # a missing transition: the child's own score
+            trans.copy_(logp[1:, None, :].expand(-1, TOP_K, -1))
+            if lat.trans is not None and m > 1:
+                trans[: m - 1, :k, :k] = lat.trans[: m - 1]
         for buf, t in zip(self.lat, self.staging):
             buf.copy_(t, non_blocking=True)
 

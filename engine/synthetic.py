@@ -120,7 +120,7 @@ class NoisyOracle(Drafter):
         if not 2 <= k <= min(TOP_K, vocab):
             raise ValueError(f"NoisyOracle: k = {k}; expected 2 ≤ k ≤ min({TOP_K}, vocab)")
         self.cont, self.prompt_len, self.p, self.seed = list(continuation), prompt_len, p, seed
-        self.vocab, self.k, self.markov = vocab, k, markov
+        self.vocab, self.k, self.markov, self.transitions = vocab, k, markov, markov
         self.reset(0)
 
     def reset(self, max_len: int) -> None:

@@ -102,7 +102,7 @@ class Recipe:
         if self.compile_scope not in ("block", "model"):
             raise ValueError(f"recipe {self.name}: compile_scope {self.compile_scope!r} is not 'block' or 'model'")
 
-    def training(self, kind: str, role: str = "hybrid") -> tuple[int, int, float]:
+    def training(self, kind: str, role: str) -> tuple[int, int, float]:
         """(steps, batch, learning rate) of a drafter kind of a target role."""
         if kind == "sequential":
             return self.drafter_steps, self.sequential_batch, self.drafter_lr
@@ -127,7 +127,7 @@ PRESETS = {
     # dense one, cheaper per step, 3.4 times (5000 steps); the draft LM (trained once for both roles)
     # 0.8 of it and then its distillation data about once (100 × 64 × 512 tokens of 12288 × 256);
     # feature drafters see their 12288 sequences 3 (sequential) to 6 times, the dense block drafter
-    # 19 times (3600 steps: it lifts that drafter's chain from level with n-gram to above it; its
+    # 19 times (3600 steps: with them that drafter's chain went from below n-gram to above it; its
     # role still ends before the hybrid one, whose drafters it slows); the roles build side by side
     "small": Recipe("small", vocab=16384, target=Shape(512, 8, 8, 4, 1536), draft_lm=Shape(256, 4, 4, 2, 768),
                     target_steps=4000, dense_steps=5000, target_batch=64, seq=512, target_lr=3e-3, compile_target=True,

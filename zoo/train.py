@@ -16,6 +16,7 @@ same row layout the engine drafts with (engine/drafters.py):
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 import warnings
@@ -235,9 +236,12 @@ def block_mask(ctx: int, anchors: list[int], m: int, device) -> tuple[torch.Tens
     return mask, torch.cat(pos)
 
 
+@functools.lru_cache(maxsize=32)
 def unroll_mask(T: int, steps: int, device) -> torch.Tensor:
     """EAGLE-3 training-time test over `steps` copies of T rows: the row of step s at position t
-    sees step-1 rows at positions ≤ t-s+1 and the row of step u (2 ≤ u ≤ s) at position t-s+u."""
+    sees step-1 rows at positions ≤ t-s+1 and the row of step u (2 ≤ u ≤ s) at position t-s+u.
+    Made once per shape (its boolean indexing would make every training step wait for the device);
+    callers only read it."""
     n = T * steps
     mask = torch.zeros(n, n, dtype=torch.bool, device=device)
     t = torch.arange(T, device=device)
@@ -251,10 +255,17 @@ def unroll_mask(T: int, steps: int, device) -> torch.Tensor:
     return mask
 
 
+def anchor_range(L: int, start: int, m: int) -> tuple[int, int]:
+    """(lo, hi): the anchors p a block drafter trains on, lo ≤ p ≤ hi, in sequences of L tokens
+    whose greedy region starts at `start` (a block of m positions after p fits in them)."""
+    return max(start - 2, 0), L - m - 2
+
+
 def drafter_loss(net: FeatureDrafterNet, emb: torch.Tensor, head: torch.Tensor, seqs: torch.Tensor,
-                 feats: torch.Tensor, start: int, gen: torch.Generator, anchors: int = 4, unroll: int = 3):
+                 feats: torch.Tensor, start: int, picks: list[int] | None = None, unroll: int = 3):
     """Mean weighted cross-entropy of one batch. seqs [B, L] tokens, feats [B, L, F] target features;
-    only rows predicting tokens at index ≥ start (the target's greedy region) count."""
+    only rows predicting tokens at index ≥ start (the target's greedy region) count. picks: the
+    block kinds' anchors (last committed positions), in `anchor_range`."""
     B, L = seqs.shape
     dev = seqs.device
     ctx = L - 2  # context rows t = 0..L-3 predict token t+2 ≤ L-1
@@ -262,7 +273,7 @@ def drafter_loss(net: FeatureDrafterNet, emb: torch.Tensor, head: torch.Tensor, 
     labels_ctx = seqs[:, 2 : ctx + 2]
     valid_ctx = torch.arange(ctx, device=dev) + 2 >= start
     kind, m = net.cfg.kind, net.cfg.block_size
-    lo = max(start - 2, 0)  # context rows before lo predict prompt tokens: no logits for them
+    lo, _ = anchor_range(L, start, m)  # context rows before lo predict prompt tokens: no logits for them
     terms = []
 
     def ce(logits, labels, weight):
@@ -284,9 +295,6 @@ def drafter_loss(net: FeatureDrafterNet, emb: torch.Tensor, head: torch.Tensor, 
                          * position_weights(unroll)[s - 1])
         return sum(terms) / position_weights(unroll).sum()
 
-    # block kinds: anchors p (last committed position) inside the greedy region
-    hi = L - m - 2
-    picks = torch.randint(lo, hi + 1, (anchors,), generator=gen).tolist()
     mask, pos = block_mask(ctx, picks, m, dev)
     # a block's first mask row may read the position-1 token: the true one (the chain only keeps
     # later positions when position 1 was right)
@@ -321,12 +329,21 @@ def train_drafter(cfg: DraftConfig, target: Model, seqs: torch.Tensor, feats: to
         with torch.no_grad():
             net.mask_embedding.copy_(target.model.embed_tokens.weight.mean(0))
     emb, head = target.model.embed_tokens.weight.detach(), target.lm_head_weight.detach()
-    gen = torch.Generator().manual_seed(seed)
+    # every step's rows (and a block kind's anchors) drawn up front, and the rows' indices moved to
+    # the data's device at once: a step copies nothing from the host, so it never waits for the device
+    gen, idx, picks = torch.Generator().manual_seed(seed), [], []
+    lo, hi = anchor_range(seqs.shape[1], start, cfg.block_size)
+    for _ in range(steps):
+        idx.append(torch.randint(0, len(seqs), (batch,), generator=gen))
+        if cfg.kind != "sequential":
+            picks.append(torch.randint(lo, hi + 1, (anchors,), generator=gen).tolist())
+    idx = torch.stack(idx).to(seqs.device) if steps else idx
     net.train()
 
     def loss_fn(step):
-        idx = torch.randint(0, len(seqs), (batch,), generator=gen)
-        return drafter_loss(net, emb, head, seqs[idx].to(dev), feats[idx].to(dev), start, gen, anchors=anchors)
+        rows = idx[step]
+        return drafter_loss(net, emb, head, seqs[rows].to(dev), feats[rows].to(dev), start,
+                            picks[step] if picks else None)
 
     fit(net.parameters(), steps, lr, loss_fn, desc, log)
     return net.eval()

@@ -182,6 +182,19 @@ def test_capacity_is_checked():
         dec.generate(list(range(40)), 30)
 
 
+def test_a_host_lattice_with_undeclared_transitions_is_refused():
+    """The static step walks transitions only for a host drafter that declares them (`transitions`):
+    one that returns them undeclared is told so, not silently decoded without them."""
+
+    class Undeclared(NgramDrafter):
+        def propose(self, m, known=None):
+            return lattice(m, TOP_K, 0, markov=True)
+
+    assert not Undeclared.transitions
+    with pytest.raises(ValueError, match="does not declare them"):
+        FastDecoder(target("llama"), Undeclared(), 4, max_len=64, graphs=False).generate(PROMPT, 8)
+
+
 def test_static_profile_splits_each_step_by_kernel_class():
     """profile_static: every step of the decoder carries the same device split, the classes the
     system has are timed (a dense target has no recurrent class), `other` holds the rest."""
