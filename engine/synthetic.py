@@ -120,7 +120,7 @@ class NoisyOracle(Drafter):
         if not 2 <= k <= min(TOP_K, vocab):
             raise ValueError(f"NoisyOracle: k = {k}; expected 2 ≤ k ≤ min({TOP_K}, vocab)")
         self.cont, self.prompt_len, self.p, self.seed = list(continuation), prompt_len, p, seed
-        self.vocab, self.k, self.markov, self.transitions = vocab, k, markov, markov
+        self.vocab, self.k, self.transitions = vocab, k, markov
         self.reset(0)
 
     def reset(self, max_len: int) -> None:
@@ -148,7 +148,7 @@ class NoisyOracle(Drafter):
             logp[i, :k] = torch.tensor([-0.05] + [-4.0 - r - rng.random() for r in range(k - 1)],
                                        dtype=torch.float64)
         trans = None
-        if self.markov and m > 1:
+        if self.transitions and m > 1:
             noise = torch.randn(m - 1, TOP_K, TOP_K, generator=self.gen, dtype=torch.float64)
             trans = logp[1:, None, :] + noise  # missing children stay at -inf
         return Lattice(tokens, logp, trans)

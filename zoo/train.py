@@ -261,6 +261,21 @@ def anchor_range(L: int, start: int, m: int) -> tuple[int, int]:
     return max(start - 2, 0), L - m - 2
 
 
+def drafter_batches(kind: str, seqs: torch.Tensor, start: int, m: int, steps: int, batch: int, anchors: int,
+                    seed: int) -> tuple[torch.Tensor, list[list[int]] | None]:
+    """Every training step's rows of `seqs` ([steps, batch] indices, on the device `seqs` is on, so a
+    step copies nothing from the host and never waits for the device) and, for the block kinds,
+    its anchors (in `anchor_range`); drawn step by step from one generator seeded with `seed`."""
+    gen, idx, picks = torch.Generator().manual_seed(seed), [], []
+    lo, hi = anchor_range(seqs.shape[1], start, m)
+    for _ in range(steps):
+        idx.append(torch.randint(0, len(seqs), (batch,), generator=gen))
+        if kind != "sequential":
+            picks.append(torch.randint(lo, hi + 1, (anchors,), generator=gen).tolist())
+    rows = torch.stack(idx) if idx else torch.empty(0, batch, dtype=torch.long)
+    return rows.to(seqs.device), (picks if kind != "sequential" else None)
+
+
 def drafter_loss(net: FeatureDrafterNet, emb: torch.Tensor, head: torch.Tensor, seqs: torch.Tensor,
                  feats: torch.Tensor, start: int, picks: list[int] | None = None, unroll: int = 3):
     """Mean weighted cross-entropy of one batch. seqs [B, L] tokens, feats [B, L, F] target features;
@@ -329,15 +344,7 @@ def train_drafter(cfg: DraftConfig, target: Model, seqs: torch.Tensor, feats: to
         with torch.no_grad():
             net.mask_embedding.copy_(target.model.embed_tokens.weight.mean(0))
     emb, head = target.model.embed_tokens.weight.detach(), target.lm_head_weight.detach()
-    # every step's rows (and a block kind's anchors) drawn up front, and the rows' indices moved to
-    # the data's device at once: a step copies nothing from the host, so it never waits for the device
-    gen, idx, picks = torch.Generator().manual_seed(seed), [], []
-    lo, hi = anchor_range(seqs.shape[1], start, cfg.block_size)
-    for _ in range(steps):
-        idx.append(torch.randint(0, len(seqs), (batch,), generator=gen))
-        if cfg.kind != "sequential":
-            picks.append(torch.randint(lo, hi + 1, (anchors,), generator=gen).tolist())
-    idx = torch.stack(idx).to(seqs.device) if steps else idx
+    idx, picks = drafter_batches(cfg.kind, seqs, start, cfg.block_size, steps, batch, anchors, seed)
     net.train()
 
     def loss_fn(step):

@@ -1,6 +1,7 @@
 """A drafter training step on CUDA queues its work without waiting for the device: no
-synchronizing call (a host-to-device copy, boolean indexing, a read) inside the step, so the host
-runs ahead of the device as it does for the targets."""
+synchronizing call (a host-to-device copy, boolean indexing, a read) inside the step, with the
+rows and anchors `train_drafter` draws for it, so the host runs ahead of the device as it does
+for the targets."""
 
 import pytest
 import torch
@@ -19,21 +20,18 @@ def test_a_drafter_training_step_never_waits_for_the_device(kind):
     with torch.no_grad():
         feats = tgt(seqs, feature_layers=LAYERS, logits=False).features.float()
     emb, head = tgt.model.embed_tokens.weight.detach(), tgt.lm_head_weight.detach()
-    rows = torch.arange(0, 16, 2, device="cuda")
-    picks = None if kind == "sequential" else [4, 9, 13]
-    lo, hi = train.anchor_range(seqs.shape[1], 6, 6)
-    assert picks is None or all(lo <= p <= hi for p in picks)
+    idx, picks = train.drafter_batches(kind, seqs, 6, 6, 2, 8, 3, seed=5)
 
-    def step():
-        loss = train.drafter_loss(net, emb, head, seqs[rows], feats[rows], 6, picks)
+    def step(i):
+        loss = train.drafter_loss(net, emb, head, seqs[idx[i]], feats[idx[i]], 6, picks[i] if picks else None)
         loss.backward()
         return loss.detach()
 
-    step()  # warm-up: kernels, the mask cache
+    step(0)  # warm-up: kernels, the mask cache
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        loss = step()
+        loss = step(1)
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert torch.isfinite(loss).item()

@@ -99,6 +99,23 @@ def test_block_mask_by_definition():
     assert mask[11:, :6].all() and not mask[11:, 6:8].any() and not mask[11:, 8:11].any()
 
 
+@pytest.mark.parametrize("kind", ["sequential", "block", "block_markov"])
+def test_drafter_batches_are_rows_and_anchors_inside_the_greedy_region(kind):
+    """Every step's rows index `seqs`; a block kind's anchors leave room for its whole block of
+    labels after them and lie past the prompt (start), and they vary from step to step."""
+    seqs, start, m = torch.zeros(30, 40, dtype=torch.long), 12, 6
+    idx, picks = train.drafter_batches(kind, seqs, start, m, steps=50, batch=4, anchors=3, seed=1)
+    assert idx.shape == (50, 4) and 0 <= idx.min() and idx.max() < 30
+    if kind == "sequential":
+        assert picks is None
+        return
+    flat = [p for step in picks for p in step]
+    assert len(picks) == 50 and all(len(step) == 3 for step in picks)
+    # the labels of anchor p's mask rows are tokens p+3 .. p+m+1; its first row predicts token p+3 ≥ start
+    assert all(seqs[0, p + 3 : p + m + 2].numel() == m - 1 and p + 3 > start for p in flat)
+    assert len(set(flat)) > 10
+
+
 def test_training_is_deterministic():
     def once():
         m = random_model(tiny_config("llama", vocab=61, hidden=32, layers=2), seed=0)
