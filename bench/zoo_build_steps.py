@@ -1,13 +1,14 @@
 """Where a zoo build's time goes after its targets: one decode step of the batched greedy
-distillation pass and one training step of each feature drafter kind, at a recipe's shapes, through
-the build's own functions (`train.greedy_continuations`, `train.train_drafter`), with the
+distillation pass, one training step of each feature drafter kind and one of the draft LM's corpus
+steps, at a recipe's shapes, through the build's own functions (`train.greedy_continuations`,
+`train.train_drafter`, `train.train_lm`; CUDA graphs where the recipe has `cuda_graphs`), with the
 preset's stages estimated from them; `--profile` adds the top operators of each.
 
   python bench/zoo_build_steps.py --preset small --device cuda --profile --out results.json
 
 The weights are random (a step's time does not depend on them) and so are the token ids; the
 target is rounded to the stored dtype and computes in float32, as in the build. A step's time is
-the difference of a 2n- and an n-step run, divided by n, so warm-up and prefill cancel.
+the difference of a 2n- and an n-step run, divided by n, so warm-up, capture and prefill cancel.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import git_sha, recipe, seconds, top_kernels  # noqa: E402
 
+from specpilot.engine.model import Model  # noqa: E402
+from specpilot.engine.synthetic import randomize  # noqa: E402
 from specpilot.zoo import build as B  # noqa: E402
 from specpilot.zoo import train  # noqa: E402
 
@@ -44,6 +47,16 @@ def role_steps(r: B.Recipe, hybrid: bool, device: str, n: int, seqs_n: int, prof
     decode = per_step(lambda k: train.greedy_continuations(target, prompts, k, batch=r.gen_batch), n, device, profile)
     passes = -(-r.distill_seqs // r.gen_batch)
     out = {"decode": decode | {"batch": r.gen_batch, "stage_estimate_s": decode["step_ms"] / 1e3 * r.gen_len * passes}}
+    if not hybrid and r.draft_lm_corpus_steps:  # the draft LM's corpus steps (trained once, by the dense role)
+        lm = randomize(Model(B.draft_lm_config(r)), r.seed + 6).to(device)
+        stream = torch.randint(1, r.vocab, (1 << 20,), generator=gen)
+
+        def lm_run(k):
+            return train.train_lm(lm, stream, k, r.target_batch, r.seq, r.target_lr, r.seed + 8, "draft LM", None,
+                                  device, graph=r.cuda_graphs)
+        row = per_step(lm_run, n, device, profile)
+        out["draft_lm_corpus"] = row | {"batch": r.target_batch, "stage_estimate_s": row["step_ms"] / 1e3 *
+                                        r.draft_lm_corpus_steps}
     seqs = torch.randint(1, r.vocab, (seqs_n, r.prompt_len + r.gen_len), generator=gen).to(device)
     layers = tuple(B.drafter_config(r, "block", target.cfg).target_layers)
     feats = train.target_features(target, seqs, layers)
@@ -54,7 +67,7 @@ def role_steps(r: B.Recipe, hybrid: bool, device: str, n: int, seqs_n: int, prof
 
         def run(k, cfg=cfg, batch=batch, lr=lr):
             return train.train_drafter(cfg, target, seqs, feats, r.prompt_len, k, batch, lr, r.seed + 5, kind, None,
-                                       anchors=r.anchors, body=block)
+                                       anchors=r.anchors, body=block, graph=r.cuda_graphs)
         row = per_step(run, n, device, profile)
         out[kind] = row | {"batch": batch, "stage_estimate_s": row["step_ms"] / 1e3 * steps}
         if kind == "block":

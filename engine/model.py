@@ -78,8 +78,8 @@ def fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 def attend(q, k, v, mask):
-    """Attention of q [1, H, n, d] over whole static buffers k, v [1, Hkv, S, d] where mask [n, S]
-    allows; query heads grouped onto their key-value head without copying the cache."""
+    """Attention of q [B, H, n, d] over k, v [B, Hkv, S, d] (a cache's buffers or views of them)
+    where mask [n, S] allows; query heads grouped onto their key-value head without copying the cache."""
     B, H, n, d = q.shape
     g = H // k.shape[1]
     s = (q.reshape(B, k.shape[1], g * n, d) @ k.transpose(-1, -2)).to(state_dtype(q.dtype)) * d ** -0.5
@@ -158,7 +158,10 @@ class Attention(nn.Module):
                 k = cache.k[self.layer][:, :, : start + T]
                 v = cache.v[self.layer][:, :, : start + T]
                 mask = torch.cat((self.in_window(torch.arange(start, device=x.device), qpos), mask), dim=1)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            if cache is not None and q.is_cuda:  # SDPA's fallback would copy the cache once per query-head group
+                o = attend(q, k, v, mask)
+            else:
+                o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         o = o.transpose(1, 2).reshape(B, T, -1)
         if gate is not None:
             o = o * torch.sigmoid(gate)

@@ -90,6 +90,7 @@ class Recipe:
     compile_target: bool = False  # on a GPU, train the target through torch.compile (eager if it fails)
     compile_scope: str = "block"  # what one compiled graph holds: "block" or the whole "model" (train.compiled_loss)
     triton_gdn: bool = False  # on a GPU, hybrid targets train with the Triton delta rule (kernels/gdn_chunk.py)
+    cuda_graphs: bool = False  # on a GPU, drafters and the draft LM train by replaying a CUDA graph per step (train.fit)
     seed: int = 0
     corpus_bytes: int | None = None  # cap per split (tests); None = the whole standard library
     # "stdlib": this interpreter's standard library; "code": the prepared code corpus (stdlib + pinned
@@ -122,22 +123,23 @@ PRESETS = {
                     distill_seqs=768, prompt_len=32, gen_len=128,
                     drafter_steps=300, drafter_batch=16, drafter_lr=2e-3, draft_lm_steps=300,
                     block_steps=400, block_lr=3e-3, workload_prompts=0.5, input_norm=False),
-    # code corpus (48.7 M training tokens): the hybrid target sees it 2.7 times (4000 compiled steps
-    # × 64 × 512 tokens; a 512-token context covers HumanEval prompts plus their completions), the
-    # dense one, cheaper per step, 3.4 times (5000 steps); the draft LM (trained once for both roles)
-    # 0.8 of it and then its distillation data about once (100 × 64 × 512 tokens of 12288 × 256);
-    # feature drafters see their 12288 sequences 3 (sequential) to 6 times, the dense block drafter
-    # 19 times (3600 steps: with them that drafter's chain went from below n-gram to above it; its
-    # role still ends before the hybrid one, whose drafters it slows); the roles build side by side
+    # code corpus (48.7 M training tokens): each target sees it 3.4 times (5000 compiled steps × 64 × 512
+    # tokens; a 512-token context covers HumanEval prompts plus their completions; at 4000 steps the
+    # hybrid one looped on 7–13 % of HumanEval prompts across builds); the draft LM (trained once for
+    # both roles) 0.8 of it and then its distillation data about once (100 × 64 × 512 tokens of
+    # 12288 × 256); feature drafters see their 12288 sequences 3 (sequential) to 19 times (block:
+    # 3600 steps lifted the dense block drafter's chain from below n-gram to above it). Drafters and
+    # the draft LM train through CUDA graphs (their steps are too small to hide their launches); the
+    # roles build side by side
     "small": Recipe("small", vocab=16384, target=Shape(512, 8, 8, 4, 1536), draft_lm=Shape(256, 4, 4, 2, 768),
-                    target_steps=4000, dense_steps=5000, target_batch=64, seq=512, target_lr=3e-3, compile_target=True,
+                    target_steps=5000, target_batch=64, seq=512, target_lr=3e-3, compile_target=True,
                     compile_scope="model",
                     draft_lm_corpus_steps=1200,
                     distill_seqs=12288, prompt_len=64, gen_len=192,
                     drafter_steps=1200, drafter_batch=64, sequential_batch=32, drafter_lr=1e-3, anchors=8, block_layers=2,
-                    dense_block_steps=3600, draft_lm_steps=100, eval_prompts=8, eval_new_tokens=64, markov_rank=64, markov_steps=600,
+                    block_steps=3600, draft_lm_steps=100, eval_prompts=8, eval_new_tokens=64, markov_rank=64, markov_steps=600,
                     markov_lr=3e-3, workload_prompts=0.5, workload_files=0.1, gen_batch=4096, corpus="code", triton_gdn=True,
-                    tokenizer_sample=0.25),
+                    tokenizer_sample=0.25, cuda_graphs=True),
     # a seconds-long build of the whole pipeline for the test suite
     "nano": Recipe("nano", vocab=300, target=Shape(32, 2, 2, 1, 64), draft_lm=Shape(32, 1, 2, 1, 64),
                    target_steps=12, target_batch=4, seq=32, target_lr=3e-3,
@@ -375,7 +377,7 @@ def corpus_draft_lm(r: Recipe, train_ids: torch.Tensor, device: str, log) -> dic
     lm = randomize(Model(draft_lm_config(r)), r.seed + 6).to(device)
     if r.draft_lm_corpus_steps:
         train.train_lm(lm, train_ids, r.draft_lm_corpus_steps, r.target_batch, r.seq, r.target_lr, r.seed + 8,
-                       "draft LM (corpus)", log, device)
+                       "draft LM (corpus)", log, device, graph=r.cuda_graphs)
     return {k: v.detach().cpu() for k, v in lm.state_dict().items()}
 
 
@@ -443,7 +445,7 @@ def build_role(r: Recipe, role: str, inp: Inputs, out: Path, device: str, log, t
         steps, batch, lr = r.training(kind, role)
         net = train.train_drafter(drafter_config(r, kind, cfg), target, seqs, feats, r.prompt_len,
                                   steps, batch, lr, r.seed + 5, f"{role} {kind} drafter", log,
-                                  anchors=r.anchors, body=block)
+                                  anchors=r.anchors, body=block, graph=r.cuda_graphs)
         timings[f"{role}_{kind}_s"] = time.perf_counter() - t
         name = f"{role}-{kind.replace('_', '-')}"
         save_drafter(net, out / name, dtype=sdt)
@@ -464,7 +466,7 @@ def build_role(r: Recipe, role: str, inp: Inputs, out: Path, device: str, log, t
     lm.load_state_dict(lm_base())
     lm = lm.to(device)
     train.train_lm(lm, seqs.flatten(), r.draft_lm_steps, r.target_batch, r.seq, r.target_lr, r.seed + 7,
-                   f"{role} draft LM", log, device)
+                   f"{role} draft LM", log, device, graph=r.cuda_graphs)
     timings[f"{role}_draft_lm_s"] = time.perf_counter() - t
     name = f"{role}-draft-lm"
     lm_loss, lm_bpb = train.heldout_eval(lm, held_ids, r.seq, 64, r.seed + 3, device, byte_len)

@@ -43,34 +43,85 @@ def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def fit(params, steps: int, lr: float, loss_fn: Callable[[int], torch.Tensor], desc: str, log: Log | None,
-        progress: bool = True) -> float:
+def fit(params, steps: int, lr: float, loss_fn: Callable[[torch.Tensor], torch.Tensor], desc: str, log: Log | None,
+        progress: bool = True, graph: bool = False) -> float:
     """AdamW with warm-up and cosine decay; returns the mean loss of the last 10 % of steps.
-    On a GPU the forward runs under bf16 autocast (weights and optimizer state stay float32)."""
+    loss_fn(step) reads its batch by `step`, a one-element long tensor on the parameters' device.
+    On a GPU the forward runs under bf16 autocast (weights and optimizer state stay float32), the
+    learning rate lives on the device, and with `graph` every step after the first few replays one
+    captured CUDA graph of the whole step (forward, backward, clipping, AdamW, the step counter):
+    one launch a step in place of hundreds, for models too small to hide their launches. loss_fn
+    must then neither read from the device nor copy from the host; a capture that fails warns and
+    the steps run eagerly."""
     params = [p for p in params if p.requires_grad]
-    cuda = params[0].is_cuda
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01, fused=cuda)
-    warmup, tail = max(1, steps // 20), []
-    bar = progress_bar(steps, desc, "step", disable=not progress, leave=False)
-    for step in range(steps):
+    dev = params[0].device
+    cuda = dev.type == "cuda"
+    warmup, n_tail = max(1, steps // 20), max(1, steps // 10)
+    sched = [lr_at(s, steps, lr, warmup) for s in range(steps)]
+    lr_dev = torch.tensor(sched, device=dev) if cuda else None
+    opt = torch.optim.AdamW(params, lr=torch.tensor(lr, device=dev) if cuda else lr, betas=(0.9, 0.95),
+                            weight_decay=0.01, fused=cuda, capturable=cuda)
+    step_t = torch.zeros(1, dtype=torch.long, device=dev)
+    losses = torch.zeros(steps, device=dev)
+
+    def one_step():
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, lr, warmup)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
-            loss = loss_fn(step)
+            if cuda:
+                g["lr"].copy_(lr_dev[step_t][0])
+            else:
+                g["lr"] = sched[int(step_t)]
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda, cache_enabled=False):
+            loss = loss_fn(step_t)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        if step >= steps - max(1, steps // 10):
-            tail.append(loss.detach())
+        losses.index_copy_(0, step_t, loss.detach().float().view(1))
+        step_t.add_(1)
+
+    replay, eager = None, 3  # a capture follows this many eager steps (its memory and kernels warmed up)
+    bar = progress_bar(steps, desc, "step", disable=not progress, leave=False)
+    for step in range(steps):
+        if graph and cuda and step == eager and steps > eager:
+            replay = captured(one_step, desc)
+        if replay is not None:
+            replay.replay()
+        elif graph and cuda and step < eager:
+            warm_up(one_step)
+        else:
+            one_step()
         if step % 50 == 0:  # the only host read of the loss while training: the GPU runs ahead
-            bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
+            bar.set_postfix(loss=f"{float(losses[step]):.3f}")
         bar.update(1)
     bar.close()
-    final = float(torch.stack(tail).mean())
+    final = float(losses[steps - n_tail :].mean())
     if log:
         log(f"  {desc}: {steps} steps, final loss {final:.3f}")
     return final
+
+
+def warm_up(fn) -> None:
+    """fn on a side stream, as a CUDA graph's first runs must be (its libraries' lazy set-up stays
+    out of the capture)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+
+
+def captured(fn, desc: str) -> torch.cuda.CUDAGraph | None:
+    """fn captured as one CUDA graph (not run), or None with a warning if it cannot be captured."""
+    g = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(g):
+            fn()
+    except Exception as e:  # noqa: BLE001 — any capture failure: the steps run eagerly instead
+        warnings.warn(f"{desc}: the training step could not be captured as a CUDA graph "
+                      f"({type(e).__name__}: {e}); training eagerly", RuntimeWarning, stacklevel=3)
+        torch.cuda.synchronize()
+        return None
+    return g
 
 
 def windows(stream: torch.Tensor, n: int, length: int, gen: torch.Generator) -> torch.Tensor:
@@ -109,9 +160,11 @@ def compiled_loss(model: Model, scope: str = "block"):
 
 
 def train_lm(model: Model, stream: torch.Tensor, steps: int, batch: int, seq: int, lr: float, seed: int,
-             desc: str, log: Log | None, device="cpu", compile: bool = False, scope: str = "block") -> float:
+             desc: str, log: Log | None, device="cpu", compile: bool = False, scope: str = "block",
+             graph: bool = False) -> float:
     """Next-token training on random windows of `stream`; with `compile` on a GPU, through
-    `compiled_loss` of that `scope` (a compiler failure warns and trains eagerly)."""
+    `compiled_loss` of that `scope` (a compiler failure warns and trains eagerly); else with `graph`,
+    as CUDA graphs (`fit`)."""
     gen = torch.Generator().manual_seed(seed)
     # every step's window starts drawn up front (as `windows` draws them, step by step), and the
     # stream on the device: a step gathers its batch there, with no host-to-device copy
@@ -123,7 +176,7 @@ def train_lm(model: Model, stream: torch.Tensor, steps: int, batch: int, seq: in
 
     def loss_fn(step):
         nonlocal compiled
-        x = stream[starts[step][:, None] + span]
+        x = stream[starts[step][0][:, None] + span]
         if compiled is not None:
             try:
                 return compiled(x)
@@ -133,7 +186,7 @@ def train_lm(model: Model, stream: torch.Tensor, steps: int, batch: int, seq: in
                 compiled = None
         return next_token_loss(model(x[:, :-1]).logits, x[:, 1:])
 
-    out = fit(model.parameters(), steps, lr, loss_fn, desc, log)
+    out = fit(model.parameters(), steps, lr, loss_fn, desc, log, graph=graph and compiled is None)
     model.eval()
     return out
 
@@ -221,19 +274,26 @@ def position_weights(n: int, gamma: float = 8.0, device="cpu") -> torch.Tensor:
     return torch.exp(-torch.arange(n, device=device, dtype=torch.float32) / gamma)
 
 
-def block_mask(ctx: int, anchors: list[int], m: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows: ctx context rows (positions 0..ctx-1, causal), then m-1 mask rows per anchor p
-    (positions p+1..p+m-1) that see context rows ≤ p and their own block. → (mask, positions)."""
-    n = ctx + len(anchors) * (m - 1)
-    mask = torch.zeros(n, n, dtype=torch.bool, device=device)
-    mask[:ctx, :ctx] = torch.ones(ctx, ctx, dtype=torch.bool, device=device).tril()
-    pos = [torch.arange(ctx, device=device)]
-    for k, p in enumerate(anchors):
-        r = slice(ctx + k * (m - 1), ctx + (k + 1) * (m - 1))
-        mask[r, : p + 1] = True
-        mask[r, r] = True
-        pos.append(torch.arange(p + 1, p + m, device=device))
-    return mask, torch.cat(pos)
+def block_mask(ctx: int, anchors: torch.Tensor, m: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows: ctx context rows (positions 0..ctx-1, causal), then m-1 mask rows per anchor p of the
+    long tensor `anchors` (positions p+1..p+m-1) that see context rows ≤ p and their own block.
+    → (mask, positions). Made by tensor ops alone: the anchors may live on the device."""
+    anchors = anchors.to(device)
+    n_anchor = len(anchors)
+    idx = torch.arange(ctx + n_anchor * (m - 1), device=device)
+    block = torch.cat((torch.full((ctx,), -1, device=device),
+                       torch.arange(n_anchor, device=device).repeat_interleave(m - 1)))  # -1: a context row
+    ctx_row = block < 0
+    sees_upto = torch.where(ctx_row, idx, anchors[block.clamp_min(0)])  # the last context row a row sees
+    mask = ctx_row[None, :] & (idx[None, :] <= sees_upto[:, None])
+    mask |= ~ctx_row[:, None] & (block[:, None] == block[None, :])
+    pos = torch.cat((torch.arange(ctx, device=device), block_span(anchors, 1, m - 1)))
+    return mask, pos
+
+
+def block_span(anchors: torch.Tensor, first: int, n: int) -> torch.Tensor:
+    """[len(anchors) * n]: positions p+first .. p+first+n-1 of every anchor p, block after block."""
+    return (anchors[:, None] + torch.arange(first, first + n, device=anchors.device)).flatten()
 
 
 @functools.lru_cache(maxsize=32)
@@ -262,25 +322,29 @@ def anchor_range(L: int, start: int, m: int) -> tuple[int, int]:
 
 
 def drafter_batches(kind: str, seqs: torch.Tensor, start: int, m: int, steps: int, batch: int, anchors: int,
-                    seed: int) -> tuple[torch.Tensor, list[list[int]] | None]:
-    """Every training step's rows of `seqs` ([steps, batch] indices, on the device `seqs` is on, so a
-    step copies nothing from the host and never waits for the device) and, for the block kinds,
-    its anchors (in `anchor_range`); drawn step by step from one generator seeded with `seed`."""
+                    seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Every training step's rows of `seqs` ([steps, batch] indices) and, for the block kinds, its
+    anchors ([steps, anchors], in `anchor_range`), on the device `seqs` is on, so a step copies
+    nothing from the host and never waits for the device; drawn step by step from one generator
+    seeded with `seed`."""
     gen, idx, picks = torch.Generator().manual_seed(seed), [], []
     lo, hi = anchor_range(seqs.shape[1], start, m)
     for _ in range(steps):
         idx.append(torch.randint(0, len(seqs), (batch,), generator=gen))
         if kind != "sequential":
-            picks.append(torch.randint(lo, hi + 1, (anchors,), generator=gen).tolist())
+            picks.append(torch.randint(lo, hi + 1, (anchors,), generator=gen))
     rows = torch.stack(idx) if idx else torch.empty(0, batch, dtype=torch.long)
-    return rows.to(seqs.device), (picks if kind != "sequential" else None)
+    if kind == "sequential":
+        return rows.to(seqs.device), None
+    return rows.to(seqs.device), (torch.stack(picks) if picks else torch.empty(0, anchors, dtype=torch.long)).to(seqs.device)
 
 
 def drafter_loss(net: FeatureDrafterNet, emb: torch.Tensor, head: torch.Tensor, seqs: torch.Tensor,
-                 feats: torch.Tensor, start: int, picks: list[int] | None = None, unroll: int = 3):
+                 feats: torch.Tensor, start: int, picks: torch.Tensor | None = None, unroll: int = 3):
     """Mean weighted cross-entropy of one batch. seqs [B, L] tokens, feats [B, L, F] target features;
     only rows predicting tokens at index ≥ start (the target's greedy region) count. picks: the
-    block kinds' anchors (last committed positions), in `anchor_range`."""
+    block kinds' anchors (last committed positions, a long tensor on seqs' device), in
+    `anchor_range`. Nothing here waits for the device: a CUDA graph can hold it (`fit`)."""
     B, L = seqs.shape
     dev = seqs.device
     ctx = L - 2  # context rows t = 0..L-3 predict token t+2 ≤ L-1
@@ -296,7 +360,7 @@ def drafter_loss(net: FeatureDrafterNet, emb: torch.Tensor, head: torch.Tensor, 
         return (l * weight).sum() / weight.sum().clamp_min(1e-9)
 
     if kind == "sequential":
-        x, hidden = rows_in, None
+        x, hidden, pw = rows_in, None, position_weights(unroll).tolist()
         for s in range(1, unroll + 1):
             if s > 1:  # the drafter's own hidden state of the previous position replaces the features
                 prev = torch.cat((torch.zeros_like(hidden[:, :1]), hidden[:, :-1]), 1)
@@ -306,32 +370,33 @@ def drafter_loss(net: FeatureDrafterNet, emb: torch.Tensor, head: torch.Tensor, 
             h, logits = net(x, head, positions=pos, tree_mask=mask, logits_from=(s - 1) * ctx + lo)
             hidden = h[:, -ctx:]
             valid = valid_ctx & (torch.arange(ctx, device=dev) >= s - 1)
-            terms.append(ce(logits, labels_ctx[:, lo:], valid[lo:].float().expand(B, -1))
-                         * position_weights(unroll)[s - 1])
-        return sum(terms) / position_weights(unroll).sum()
+            terms.append(ce(logits, labels_ctx[:, lo:], valid[lo:].float().expand(B, -1)) * pw[s - 1])
+        return sum(terms) / sum(pw)
 
     mask, pos = block_mask(ctx, picks, m, dev)
     # a block's first mask row may read the position-1 token: the true one (the chain only keeps
     # later positions when position 1 was right)
-    x = torch.cat([rows_in] + [net.block_rows(seqs[:, p + 2], m - 1, emb) for p in picks], 1)
+    n_anchor = len(picks)
+    blocks = net.block_rows(seqs[:, picks + 2].flatten(), m - 1, emb)  # [B * anchors, m-1, H], block after block
+    x = torch.cat((rows_in, blocks.reshape(B, n_anchor * (m - 1), -1)), 1)
     with torch.set_grad_enabled(torch.is_grad_enabled() and kind == "block"):  # block_markov: frozen body
         _, logits = net(x, head, positions=pos.expand(B, -1), tree_mask=mask, logits_from=lo)
-    lab = torch.cat([labels_ctx] + [seqs[:, p + 3 : p + m + 2] for p in picks], 1)  # row at t → token t+2
+    lab = torch.cat((labels_ctx, seqs[:, block_span(picks, 3, m - 1)]), 1)  # row at t → token t+2
     w_block = position_weights(m, device=dev)[1:]  # mask row j is drafted position j+1
-    weight = torch.cat([valid_ctx.float()] + [w_block] * len(picks)).expand(B, -1)
+    weight = torch.cat((valid_ctx.float(), w_block.repeat(n_anchor))).expand(B, -1)
     if kind == "block":
         return ce(logits, lab[:, lo:], weight[:, lo:])
     # Markov head on the frozen block body: parent = the token right before the predicted one (t+1)
-    parents = torch.cat([seqs[:, 1 : ctx + 1]] + [seqs[:, p + 2 : p + m + 1] for p in picks], 1)
+    parents = torch.cat((seqs[:, 1 : ctx + 1], seqs[:, block_span(picks, 2, m - 1)]), 1)
     return ce(net.markov_logits(logits, parents[:, lo:], emb), lab[:, lo:], weight[:, lo:])
 
 
 def train_drafter(cfg: DraftConfig, target: Model, seqs: torch.Tensor, feats: torch.Tensor, start: int,
                   steps: int, batch: int, lr: float, seed: int, desc: str, log: Log | None,
-                  anchors: int = 4, body: FeatureDrafterNet | None = None) -> FeatureDrafterNet:
+                  anchors: int = 4, body: FeatureDrafterNet | None = None, graph: bool = False) -> FeatureDrafterNet:
     """A drafter of cfg.kind trained from scratch; for `block_markov`, `body` is the trained block
     drafter it extends: its weights are copied and frozen, and only the Markov head trains (as a
-    DSpark head is added to a DFlash drafter)."""
+    DSpark head is added to a DFlash drafter). `graph`: on a GPU, steps replay a CUDA graph (`fit`)."""
     dev = target.lm_head_weight.device
     net = randomize(FeatureDrafterNet(cfg), seed).to(dev)
     if cfg.kind == "block_markov":
@@ -348,11 +413,11 @@ def train_drafter(cfg: DraftConfig, target: Model, seqs: torch.Tensor, feats: to
     net.train()
 
     def loss_fn(step):
-        rows = idx[step]
+        rows = idx[step][0]
         return drafter_loss(net, emb, head, seqs[rows].to(dev), feats[rows].to(dev), start,
-                            picks[step] if picks else None)
+                            None if picks is None else picks[step][0])
 
-    fit(net.parameters(), steps, lr, loss_fn, desc, log)
+    fit(net.parameters(), steps, lr, loss_fn, desc, log, graph=graph)
     return net.eval()
 
 

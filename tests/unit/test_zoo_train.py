@@ -38,7 +38,7 @@ def test_block_training_rows_equal_inference(lead_token, input_norm):
     seq[p + 2] = int(primed(n, seq, p).propose(m).tokens[0, 0])
     ctx = len(seq) - 2
     rows = n.rows(torch.tensor([seq[1 : ctx + 1]]), n.fc_feat(features(seq)[:ctx])[None], emb)
-    mask, pos = train.block_mask(ctx, [p], m, "cpu")
+    mask, pos = train.block_mask(ctx, torch.tensor([p]), m, "cpu")
     x = torch.cat((rows, n.block_rows(torch.tensor([seq[p + 2]]), m - 1, emb)), 1)
     _, logits = n(x, head, positions=pos[None], tree_mask=mask)
     train_logits = torch.cat((logits[0, p : p + 1], logits[0, ctx:]))  # context row p, then mask rows
@@ -91,12 +91,39 @@ def test_unroll_mask_by_definition():
 
 
 def test_block_mask_by_definition():
-    mask, pos = train.block_mask(8, [2, 5], 4, "cpu")
+    mask, pos = train.block_mask(8, torch.tensor([2, 5]), 4, "cpu")
     assert pos.tolist() == list(range(8)) + [3, 4, 5] + [6, 7, 8]
     assert torch.equal(mask[:8, :8], torch.ones(8, 8, dtype=torch.bool).tril())
     assert not mask[:8, 8:].any()  # context rows never see mask rows
     assert mask[8:11, :3].all() and not mask[8:11, 3:8].any() and mask[8:11, 8:11].all()
     assert mask[11:, :6].all() and not mask[11:, 6:8].any() and not mask[11:, 8:11].any()
+
+
+@pytest.mark.parametrize("kind", ["block", "block_markov"])
+def test_block_loss_equals_a_block_by_block_reference(kind):
+    """drafter_loss gathers every anchor's rows, labels and parents at once (tensor anchors, so a
+    CUDA graph can hold it); built block by block from block_rows and slices, the loss is the same."""
+    n, m, start = net(kind, lead_token=True), 6, 8
+    emb, head = TARGET.model.embed_tokens.weight, TARGET.lm_head_weight
+    seqs = torch.randint(1, 61, (3, 22), generator=torch.Generator().manual_seed(4))
+    feats = TARGET(seqs, feature_layers=(0, 2, 3)).features
+    picks = torch.tensor([7, 12, 9])
+    got = train.drafter_loss(n, emb, head, seqs, feats, start, picks)
+
+    B, L = seqs.shape
+    ctx, lo, ps = L - 2, train.anchor_range(L, start, m)[0], picks.tolist()
+    rows = n.rows(seqs[:, 1 : ctx + 1], n.fc_feat(feats[:, :ctx]), emb)
+    x = torch.cat([rows] + [n.block_rows(seqs[:, p + 2], m - 1, emb) for p in ps], 1)
+    mask, pos = train.block_mask(ctx, picks, m, "cpu")
+    _, logits = n(x, head, positions=pos.expand(B, -1), tree_mask=mask)
+    labels = torch.cat([seqs[:, 2 : ctx + 2]] + [seqs[:, p + 3 : p + m + 2] for p in ps], 1)
+    if kind == "block_markov":
+        parents = torch.cat([seqs[:, 1 : ctx + 1]] + [seqs[:, p + 2 : p + m + 1] for p in ps], 1)
+        logits = n.markov_logits(logits, parents, emb)
+    w = torch.cat([(torch.arange(ctx) + 2 >= start).double()] + [train.position_weights(m)[1:].double()] * len(ps))
+    nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(B, -1)
+    ref = (nll[:, lo:] * w[lo:]).sum() / (B * w[lo:].sum())
+    torch.testing.assert_close(got, ref.to(got.dtype), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("kind", ["sequential", "block", "block_markov"])
@@ -109,8 +136,8 @@ def test_drafter_batches_are_rows_and_anchors_inside_the_greedy_region(kind):
     if kind == "sequential":
         assert picks is None
         return
-    flat = [p for step in picks for p in step]
-    assert len(picks) == 50 and all(len(step) == 3 for step in picks)
+    assert picks.shape == (50, 3) and picks.device == seqs.device
+    flat = picks.flatten().tolist()
     # the labels of anchor p's mask rows are tokens p+3 .. p+m+1; its first row predicts token p+3 ≥ start
     assert all(seqs[0, p + 3 : p + m + 2].numel() == m - 1 and p + 3 > start for p in flat)
     assert len(set(flat)) > 10
