@@ -107,3 +107,26 @@ def test_batched_greedy_continuations_on_cuda_equal_the_cpu_ones(family):
     ref = train.greedy_continuations(cpu, prompts, 24, batch=4)
     got = train.greedy_continuations(gpu, prompts.cuda(), 24, batch=4).cpu()
     assert torch.equal(got, ref)
+
+
+def test_a_step_that_cannot_be_captured_warns_and_trains_eagerly():
+    """A loss that reads the device mid-step cannot be captured: fit warns and trains on eagerly,
+    to the weights of an eager run."""
+    x = torch.randn(12, 8, generator=torch.Generator().manual_seed(0)).cuda()
+    w0 = torch.randn(8, generator=torch.Generator().manual_seed(1)).cuda()
+
+    def run(graph):
+        w = torch.nn.Parameter(w0.clone())
+
+        def loss_fn(step):
+            loss = ((x[step][0] * w).sum() - 1) ** 2
+            float(loss)  # a host read: not allowed while a stream is capturing
+            return loss
+
+        train.fit([w], 12, 1e-2, loss_fn, "t", None, progress=False, graph=graph)
+        return w.detach()
+
+    ref = run(False)
+    with pytest.warns(RuntimeWarning, match="could not be captured"):
+        got = run(True)
+    torch.testing.assert_close(got, ref)
