@@ -32,12 +32,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--rounds", type=int, default=2, help="the demo's default: 2")
+    ap.add_argument("--repeats", type=int, help="swapped repeats per verdict (default: the demo's)")
     args = ap.parse_args(argv)
     import torch
 
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "specpilot.cli", "demo", "--json", "--rounds", str(args.rounds),
-               "--run-dir", f"{tmp}/run", "--store", f"sqlite:///{tmp}/memory.db"]
+               "--run-dir", f"{tmp}/run", "--store", f"sqlite:///{tmp}/memory.db"] + \
+              (["--repeats", str(args.repeats)] if args.repeats else [])
         t = time.perf_counter()
         r = subprocess.run(cmd, capture_output=True, text=True)
         wall = time.perf_counter() - t

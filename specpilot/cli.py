@@ -326,9 +326,14 @@ def cmd_demo(args) -> int:
     if args.rounds < 1:
         raise ValueError(f"--rounds {args.rounds}: expected 1 or more")
     store = check_url(args.store or default_url(), "--store" if args.store else "SPECPILOT_MEMORY_URL")
-    quick = {"prompts": 1, "max_new_tokens": 16, "repeats": 2, "budgets": ["chain", "best-first:16"],
-             "max_candidates": 1} if args.quick else None
-    out = run_demo(args.rounds, Path(args.run_dir) if args.run_dir else None, args.json, quick, store=store)
+    if args.repeats is not None and args.repeats < 2:
+        raise ValueError(f"--repeats {args.repeats}: expected 2 or more (the bound is a t-interval over repeats)")
+    overrides = {"prompts": 1, "max_new_tokens": 16, "repeats": 2, "budgets": ["chain", "best-first:16"],
+                 "max_candidates": 1} if args.quick else {}
+    if args.repeats is not None:
+        overrides["repeats"] = args.repeats
+    out = run_demo(args.rounds, Path(args.run_dir) if args.run_dir else None, args.json, overrides or None,
+                   store=store)
     if args.json:
         print(json.dumps(out))
         return 0
@@ -423,6 +428,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "reads: SPECPILOT_MEMORY_URL or a SQLite file in the user's data folder)")
     d.add_argument("--quick", action="store_true", help="a smoke run: 1 prompt, 16 tokens, 2 repeats, 1 candidate "
                    "per round (its verdicts are weak: too few repeats)")
+    d.add_argument("--repeats", type=int, metavar="N", help="swapped repeats of every paired verdict (default: the "
+                   "embedded deployment's 14; fewer are faster and weaker)")
     d.add_argument("--json", action="store_true", help="print one JSON object")
     d.set_defaults(func=cmd_demo)
 

@@ -43,3 +43,20 @@ def test_demo_refuses_an_unusable_store_before_it_starts(tmp_path, monkeypatch, 
     monkeypatch.setattr(round_cli, "run_demo", lambda *a, **k: (_ for _ in ()).throw(AssertionError("started")))
     assert cli.main(["demo", "--store", "sqlite:////no/such/dir/m.db"]) == 2
     assert "--store" in capsys.readouterr().err
+
+
+def test_demo_repeats_set_the_deployments_repeats_and_refuse_one(tmp_path, monkeypatch, capsys):
+    seen = []
+    monkeypatch.setattr(round_cli, "run_demo", lambda rounds, run_dir, json_out, overrides, store=None:
+                        seen.append(overrides) or _out(tmp_path))
+    store = ["--store", f"sqlite:///{tmp_path / 'm.db'}", "--json"]
+    assert cli.main(["demo", "--repeats", "10", *store]) == 0
+    assert cli.main(["demo", "--quick", "--repeats", "3", *store]) == 0
+    assert cli.main(["demo", *store]) == 0
+    assert seen[0] == {"repeats": 10} and seen[1]["repeats"] == 3 and seen[1]["prompts"] == 1 and seen[2] is None
+    capsys.readouterr()
+    assert cli.main(["demo", "--repeats", "1", *store]) == 2  # under --json the error is one object on stdout
+    assert "--repeats 1: expected 2 or more" in json.loads(capsys.readouterr().out)["error"] and len(seen) == 3
+    assert cli.main(["demo", "--repeats", "1", "--store", f"sqlite:///{tmp_path / 'm.db'}"]) == 2
+    err = capsys.readouterr().err
+    assert "--repeats 1: expected 2 or more" in err and "Traceback" not in err and len(seen) == 3
