@@ -25,8 +25,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import git_sha, recipe, seconds, top_kernels  # noqa: E402
 
-from specpilot.engine.model import Model  # noqa: E402
-from specpilot.engine.synthetic import randomize  # noqa: E402
 from specpilot.zoo import build as B  # noqa: E402
 from specpilot.zoo import train  # noqa: E402
 
@@ -48,7 +46,7 @@ def role_steps(r: B.Recipe, hybrid: bool, device: str, n: int, seqs_n: int, prof
     passes = -(-r.distill_seqs // r.gen_batch)
     out = {"decode": decode | {"batch": r.gen_batch, "stage_estimate_s": decode["step_ms"] / 1e3 * r.gen_len * passes}}
     if not hybrid and r.draft_lm_corpus_steps:  # the draft LM's corpus steps (trained once, by the dense role)
-        lm = randomize(Model(B.draft_lm_config(r)), r.seed + 6).to(device)
+        lm = B.new_draft_lm(r, device)
         stream = torch.randint(1, r.vocab, (1 << 20,), generator=gen)
 
         def lm_run(k):

@@ -79,14 +79,15 @@ def fit(params, steps: int, lr: float, loss_fn: Callable[[torch.Tensor], torch.T
         losses.index_copy_(0, step_t, loss.detach().float().view(1))
         step_t.add_(1)
 
-    replay, eager = None, 3  # a capture follows this many eager steps (its memory and kernels warmed up)
+    eager = 3  # a capture follows this many eager steps (its memory and kernels warmed up)
+    graph, replay = graph and cuda and steps > eager, None
     bar = progress_bar(steps, desc, "step", disable=not progress, leave=False)
     for step in range(steps):
-        if graph and cuda and step == eager and steps > eager:
+        if graph and step == eager:
             replay = captured(one_step, desc)
         if replay is not None:
             replay.replay()
-        elif graph and cuda and step < eager:
+        elif graph and step < eager:
             warm_up(one_step)
         else:
             one_step()
@@ -333,10 +334,10 @@ def drafter_batches(kind: str, seqs: torch.Tensor, start: int, m: int, steps: in
         idx.append(torch.randint(0, len(seqs), (batch,), generator=gen))
         if kind != "sequential":
             picks.append(torch.randint(lo, hi + 1, (anchors,), generator=gen))
-    rows = torch.stack(idx) if idx else torch.empty(0, batch, dtype=torch.long)
+    rows = (torch.stack(idx) if idx else torch.empty(0, batch, dtype=torch.long)).to(seqs.device)
     if kind == "sequential":
-        return rows.to(seqs.device), None
-    return rows.to(seqs.device), (torch.stack(picks) if picks else torch.empty(0, anchors, dtype=torch.long)).to(seqs.device)
+        return rows, None
+    return rows, (torch.stack(picks) if picks else torch.empty(0, anchors, dtype=torch.long)).to(seqs.device)
 
 
 def drafter_loss(net: FeatureDrafterNet, emb: torch.Tensor, head: torch.Tensor, seqs: torch.Tensor,
