@@ -194,6 +194,7 @@ CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 def test_the_dashboard_in_headless_chromium(stack, tmp_path):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -203,6 +204,12 @@ def test_the_dashboard_in_headless_chromium(stack, tmp_path):
               f"--user-data-dir={tmp_path / 'profile'}"):
         opts.add_argument(a)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+
+    def until(seconds, condition):
+        # a round page rewrites its log and state live and reloads itself on a final state, so an element
+        # read a moment ago may be gone: read it afresh on the next poll
+        return WebDriverWait(driver, seconds, ignored_exceptions=(StaleElementReferenceException,)).until(condition)
+
     base = stack["dashboard"].rstrip("/")
     try:
         driver.get(base + "/")
@@ -226,14 +233,14 @@ def test_the_dashboard_in_headless_chromium(stack, tmp_path):
         form.find_element(By.NAME, "repeats").send_keys("1")
         form.find_element(By.NAME, "token").send_keys(stack["token"])
         form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-        WebDriverWait(driver, 20).until(lambda d: "repeats must be at least 2" in d.find_element(By.ID, "queue-msg").text)
+        until(20, lambda d: "repeats must be at least 2" in d.find_element(By.ID, "queue-msg").text)
         form.find_element(By.NAME, "repeats").clear()
         form.find_element(By.NAME, "repeats").send_keys("2")
         form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-        WebDriverWait(driver, 20).until(lambda d: "/rounds/" in d.current_url)
+        until(20, lambda d: "/rounds/" in d.current_url)
         ident = driver.current_url.rsplit("/", 1)[1]
-        WebDriverWait(driver, 60).until(lambda d: "round 1: profile (stock)" in d.find_element(By.ID, "log").text)
+        until(60, lambda d: "round 1: profile (stock)" in d.find_element(By.ID, "log").text)
         assert stack["client"].post(f"/api/rounds/{ident}/cancel").status_code == 200
-        WebDriverWait(driver, 300).until(lambda d: "cancelled" in d.find_element(By.ID, "state").text)
+        until(300, lambda d: "cancelled" in d.find_element(By.ID, "state").text)
     finally:
         driver.quit()
