@@ -29,7 +29,7 @@ from torch import nn
 from .cache import Cache
 from .checkpoint import CheckpointError, load_into, load_model, read_config, read_tensors, write_checkpoint
 from .config import ConfigError, ModelConfig, checked_field
-from .model import Block, Model, RMSNorm, rope_tables, run_layers
+from .model import Block, Model, RMSNorm, causal_mask, rope_tables, run_layers
 
 TOP_K = 16
 DRAFTER_ARCH = "SpecPilotDrafter"
@@ -192,8 +192,8 @@ class FeatureDrafterNet(nn.Module):
         start = cache.reserve(T) if cache is not None else 0
         if positions is None:
             positions = torch.arange(start, start + T, device=x.device).expand(B, T)
-        if tree_mask is None:
-            tree_mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        if tree_mask is None and cache is not None:  # without a cache, attention runs plain causal
+            tree_mask = causal_mask(T, x.device)
         rope = rope_tables(self.inv_freq, positions, x.dtype)
         h, _ = run_layers(self.cfg.body(), self.layers, x, cache, start, positions, tree_mask, rope)
         return h, F.linear(self.norm(h[:, logits_from:]), head)

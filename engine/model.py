@@ -102,6 +102,11 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def causal_mask(T: int, device) -> torch.Tensor:
+    """[T, T]: row i sees columns 0..i."""
+    return torch.ones(T, T, dtype=torch.bool, device=device).tril()
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -149,9 +154,11 @@ class Attention(nn.Module):
             cache.k[self.layer].index_copy_(2, ctx.slots, k)
             cache.v[self.layer].index_copy_(2, ctx.slots, v)
             o = attend(q, cache.k[self.layer], cache.v[self.layer], ctx.window_mask if self.window else ctx.mask)
+        elif tree_mask is None and cache is None and not self.window:  # plain causal rows (training):
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # no mask to read
         else:  # new rows see each other by tree_mask (causal by default), and every committed slot
             qpos = pos[0]  # positions are shared across the batch
-            mask = tree_mask & self.in_window(qpos, qpos)
+            mask = (causal_mask(T, x.device) if tree_mask is None else tree_mask) & self.in_window(qpos, qpos)
             if cache is not None:
                 cache.k[self.layer][:, :, start : start + T] = k
                 cache.v[self.layer][:, :, start : start + T] = v
@@ -306,8 +313,7 @@ def run_layers(cfg: ModelConfig, layers, x, cache: Cache | None, start: int, pos
     parents = None  # a tree over the new rows (not a chain): GDN layers run its root paths
     static = isinstance(cache, StaticCache)
     dynamic = cache is not None and not static
-    if cfg.is_hybrid and dynamic and not torch.equal(tree_mask, torch.ones(T, T, dtype=torch.bool,
-                                                                           device=x.device).tril()):
+    if cfg.is_hybrid and dynamic and not torch.equal(tree_mask, causal_mask(T, x.device)):
         if B != 1:
             raise ValueError("tree verification of Gated DeltaNet layers needs batch 1 and a dynamic cache")
         anc = tree_mask.tril(-1).cpu()
@@ -431,8 +437,8 @@ class Model(nn.Module):
             start = cache.reserve(T)
         if positions is None:
             positions = torch.arange(start, start + T, device=tokens.device).expand(B, T)
-        if tree_mask is None and not isinstance(cache, StaticCache):
-            tree_mask = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
+        if tree_mask is None and cache is not None and not isinstance(cache, StaticCache):
+            tree_mask = causal_mask(T, tokens.device)
         x, features = run_layers(self.cfg, layers or self.model.layers, self.model.embed_tokens(tokens), cache, start, positions,
                                  tree_mask, rope_tables(self.inv_freq, positions, self.dtype), feature_layers,
                                  commit_all)

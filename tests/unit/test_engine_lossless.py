@@ -7,8 +7,10 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+from specpilot.engine.cache import Cache
 from specpilot.engine.decode import generate
 from specpilot.engine.drafters import DraftLM, FeatureDrafter, NgramDrafter
+from specpilot.engine.model import causal_mask
 from specpilot.engine.replay import continuation, drafter_taus, make_policy
 from specpilot.engine.synthetic import FAMILIES, perturbed, random_drafter_net, random_model, tiny_config
 
@@ -108,3 +110,17 @@ def test_drafter_replay_names_a_layer_mismatch():
     d = make_drafter("block", "llama", 0)
     with pytest.raises(ValueError, match="target layers"):
         drafter_taus(continuation(tgt, [1, 2, 3], 5, ()), d, 4, set())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_pass_without_a_cache_equals_the_masked_and_the_cached_pass(family):
+    """Passes without a cache (training, features) run attention as plain causal, with no mask
+    tensor: the same logits as an explicit causal mask and as a prefill into a cache."""
+    m = target(family, 3)
+    T = 21  # longer than the sliding family's window
+    tokens = torch.randint(1, 97, (2, T), generator=torch.Generator().manual_seed(5))
+    plain = m(tokens).logits
+    masked = m(tokens, tree_mask=causal_mask(T, "cpu")).logits
+    cached = m(tokens, Cache(m.cfg, 2, T, "cpu", torch.float64)).logits
+    torch.testing.assert_close(plain, masked, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(plain, cached, rtol=1e-12, atol=1e-12)
