@@ -126,3 +126,24 @@ def test_zoo_build_steps_times_the_stages_after_the_targets(tmp_path):
     stages = res["roles"]["hybrid"]
     assert set(stages) == {"decode", "sequential", "block", "block_markov"}
     assert all(row["kernels"] and "step_ms" in row and "stage_estimate_s" in row for row in stages.values())
+
+
+def test_kernel_resources_compiles_every_launched_kernel_and_an_earlier_file(tmp_path):
+    import pytest
+
+    from specpilot.kernels import aot, gdn_chunk
+
+    if not aot.available():
+        pytest.skip("this Triton wheel has no ptxas / cuobjdump")
+    out = tmp_path / "res.json"
+    run("kernel_resources.py", "--warps", "4", "--out", str(out))
+    res = json.loads(out.read_text())
+    assert {"command", "device", "date", "git_sha"} <= set(res)
+    assert set(res["kernels"]) == set(gdn_chunk.LAUNCHED)
+    for row in res["kernels"].values():
+        assert set(row) == {"4_warps"} and row["4_warps"]["shared_bytes"] > 0
+    # an earlier version's file by path: a kernel it lacks is a one-line error
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "kernel_resources.py"), "--module",
+                        str(REPO / "kernels" / "gdn_chunk.py"), "--kernels", "_fwd"], cwd=REPO, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [f"error: {REPO / 'kernels' / 'gdn_chunk.py'} has no kernel _fwd"]

@@ -67,3 +67,15 @@ def test_fused_rule_names_the_sizes_it_cannot_take():
     q = torch.zeros(1, 8, 2, 8)
     with pytest.raises(ValueError, match=r"powers of two from 16 to 256; got \{'key head size': 8, 'value head size': 8\}"):
         chunked_gated_delta_rule(q, q, q, q[..., 0], q[..., 0], torch.zeros(1, 2, 8, 8))
+
+
+def test_every_kernel_compiles_for_the_h200(tmp_path):
+    """The interpreter runs the arithmetic, not the compiler: each launched kernel also compiles for
+    sm_90 (Triton's own ptxas, no GPU needed), within the shared memory an H100 / H200 program may use."""
+    from specpilot.kernels import aot, gdn_chunk
+
+    if not aot.available():
+        pytest.skip("this Triton wheel has no ptxas / cuobjdump")
+    for name in gdn_chunk.LAUNCHED:
+        res = aot.resources(aot.compile_kernel(getattr(gdn_chunk, name), dict(NC=8, H=8, K=64, V=64, C=64)), tmp_path)
+        assert res["shared_bytes"] <= 227 * 1024, (name, res)
