@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # The small set on one GPU machine, end to end, in the order its figures need:
+#   0. the Triton delta rule the hybrid target trains with: its GPU tests (a failure stops here: a
+#      build on a wrong kernel would mean nothing) and its timing (bench/gdn_train_step.py);
+#      KERNEL_CHECK=0 skips this step;
 #   1. `specpilot zoo build --preset small` alone on the GPU (its time is a bar: nothing else runs);
 #   2. realism of the new targets and the shipped micro set (GPU), beside τ of every drafter
 #      (bench/zoo_tau.py) and of every tree policy (bench/zoo_trees.py) on 164 HumanEval prompts —
@@ -16,6 +19,17 @@ mkdir -p "$dir"
 export PYTHONUNBUFFERED=1
 log() { echo "[$(date +%T)] $*" | tee -a "$dir/pipeline.log"; }
 
+if [ "${KERNEL_CHECK:-1}" != 0 ]; then
+    log "delta-rule kernels: GPU tests, timing"
+    if ! python -m pytest -q -p no:cacheprovider tests/gpu/test_cuda.py -k triton >"$dir/gpu_tests_triton_h200.log" 2>&1; then
+        log "the delta-rule kernels failed their GPU tests (see gpu_tests_triton_h200.log)"
+        touch "$dir/done"
+        exit 1
+    fi
+    python bench/gdn_train_step.py --device cuda --chunks 64 --warps 4,8 --no-compile \
+        --out "$dir/gdn_train_step_h200.json" >"$dir/gdn_train_step.log" 2>&1
+    log "kernel timing exit $?"
+fi
 log "build"
 # shellcheck disable=SC2086  # BUILD_ARGS is split into words on purpose
 if ! specpilot zoo build --preset small --device cuda --out out/small ${BUILD_ARGS:-} >"$dir/zoo_small_build.log" 2>&1; then
