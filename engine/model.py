@@ -228,18 +228,18 @@ class GatedDeltaNet(nn.Module):
         g = -self.A_log.to(sdt).exp() * F.softplus(a.to(sdt) + self.dt_bias.to(sdt))
         return q, k, v, g, beta
 
-    def conv(self, conv_in: torch.Tensor) -> torch.Tensor:
-        """Causal depthwise conv + SiLU over [B, C, K-1+T] inputs → [B, T, C]. Under torch.compile
-        it is written as K shifted products, which the compiler fuses with the SiLU into one
-        kernel, forward and backward (CUDA's depthwise conv kernels take milliseconds at training
-        shapes); eager passes call conv1d."""
+    def conv(self, rows: torch.Tensor) -> torch.Tensor:
+        """Causal depthwise conv + SiLU over time-major rows [B, K-1+T, C] → [B, T, C]. Under
+        torch.compile it is written as K shifted products along the time axis, channels innermost,
+        which the compiler fuses with the SiLU into one kernel, forward and backward (CUDA's
+        depthwise conv kernels take milliseconds at training shapes, and the weight's gradient, a sum
+        over batch and time, reads coalesced only with channels innermost); eager passes call conv1d."""
         w = self.conv1d.weight
         if not torch.compiler.is_compiling():
-            return F.silu(F.conv1d(conv_in, w, groups=self.conv_dim)).transpose(1, 2)
+            return F.silu(F.conv1d(rows.transpose(1, 2), w, groups=self.conv_dim)).transpose(1, 2)
         K = w.shape[-1]
-        T = conv_in.shape[-1] - K + 1
-        out = sum(conv_in[..., a : a + T] * w[:, :, a] for a in range(K))
-        return F.silu(out).transpose(1, 2)
+        T = rows.shape[1] - K + 1
+        return F.silu(sum(rows[:, a : a + T] * w[:, 0, a] for a in range(K)))
 
     def forward(self, x, h0: torch.Tensor, conv0: torch.Tensor, snapshots: bool = True):
         """A chain of T positions. Returns (output, states, conv inputs [B, C, K-1+T]); states are
@@ -247,8 +247,8 @@ class GatedDeltaNet(nn.Module):
         B, T, _ = x.shape
         q, k, v, z, b, a = self.split(x)
         mixed = torch.cat((q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1)), dim=-1)
-        conv_in = torch.cat((conv0, mixed.transpose(1, 2)), dim=-1)
-        q, k, v, g, beta = self.rule_inputs(self.conv(conv_in), b, a)
+        rows = torch.cat((conv0.transpose(1, 2), mixed), dim=1)  # [B, K-1+T, C]
+        q, k, v, g, beta = self.rule_inputs(self.conv(rows), b, a)
         if snapshots:
             out, states = gated_delta_rule(q, k, v, g, beta, h0)
         elif self.triton_rule and x.is_cuda and torch.is_grad_enabled():
@@ -258,7 +258,7 @@ class GatedDeltaNet(nn.Module):
         else:
             out, states = chunked_gated_delta_rule(q, k, v, g, beta, h0, self.chunk)
         out = self.norm(out.to(x.dtype), z)
-        return self.out_proj(out.reshape(B, T, -1)), states, conv_in
+        return self.out_proj(out.reshape(B, T, -1)), states, rows.transpose(1, 2)
 
     def forward_tree(self, x, h0: torch.Tensor, conv0: torch.Tensor, parents: list[int]):
         """N tree nodes (batch 1), without a state per node: every root path runs the recurrence
@@ -270,9 +270,9 @@ class GatedDeltaNet(nn.Module):
         mixed = torch.cat((q.reshape(N, -1), k.reshape(N, -1), v.reshape(N, -1)), dim=-1)  # [N, C]
         idx = pad_paths(root_paths(parents)).to(x.device)  # [P, D]
         P = idx.shape[0]
-        conv_in = torch.cat((conv0.expand(P, -1, -1), gather_paths(mixed, idx).transpose(1, 2)), dim=-1)
+        rows = torch.cat((conv0.transpose(1, 2).expand(P, -1, -1), gather_paths(mixed, idx)), dim=1)
         wp, wt = first_occurrence(idx.cpu(), N)
-        conv_out = self.conv(conv_in)[wp, wt]  # [N, C]: a node's conv window is its own root path
+        conv_out = self.conv(rows)[wp, wt]  # [N, C]: a node's conv window is its own root path
         q, k, v, g, beta = self.rule_inputs(conv_out, b[0], a[0])
         out, _ = gated_delta_rule(*(gather_paths(t, idx) for t in (q, k, v, g, beta)), h0.expand(P, -1, -1, -1),
                                   every_state=False)
@@ -288,11 +288,11 @@ class GatedDeltaNet(nn.Module):
         mixed = torch.cat((q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)), dim=-1)  # [n, C] pre-conv
         conv0 = cache.conv[layer]  # [K-1, C], oldest first
         if ctx.commit_all:
-            conv_in = torch.cat((conv0, mixed)).T[None]  # [1, C, K-1+n]
-            q, k, v, g, beta = self.rule_inputs(self.conv(conv_in), b, a)
+            rows = torch.cat((conv0, mixed))  # [K-1+n, C]
+            q, k, v, g, beta = self.rule_inputs(self.conv(rows[None]), b, a)
             out, h = chunked_gated_delta_rule(q, k, v, g, beta, cache.h[layer][None])
             cache.h[layer].copy_(h[0])
-            cache.conv[layer].copy_(conv_in[0, :, n:].T)
+            cache.conv[layer].copy_(rows[n:])
             out = out[0]
         else:
             K = conv0.shape[0] + 1

@@ -57,7 +57,7 @@ def test_compiled_conv_form_equals_conv1d(monkeypatch):
                       linear_value_head_dim=4)
     gdn = GatedDeltaNet(cfg, 0).double()
     torch.nn.init.normal_(gdn.conv1d.weight, generator=torch.Generator().manual_seed(1))
-    x = torch.randn(3, gdn.conv_dim, cfg.linear_conv_kernel_dim - 1 + 11, generator=torch.Generator().manual_seed(2),
+    x = torch.randn(3, cfg.linear_conv_kernel_dim - 1 + 11, gdn.conv_dim, generator=torch.Generator().manual_seed(2),
                     dtype=torch.float64)
     eager = gdn.conv(x)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
