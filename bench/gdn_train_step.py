@@ -73,7 +73,7 @@ def main() -> int:
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
         _, _, conv_in = layer(x, h0, conv0, snapshots=False)
         _, _, _, _, b, a = layer.split(x)
-        rule_in = [t.detach().requires_grad_() for t in layer.rule_inputs(layer.conv(conv_in), b, a)]
+        rule_in = [t.detach().requires_grad_() for t in layer.rule_inputs(layer.conv(conv_in.transpose(1, 2)), b, a)]
 
     def step(f):
         def run():
