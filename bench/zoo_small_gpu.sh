@@ -2,7 +2,8 @@
 # The small set on one GPU machine, end to end, in the order its figures need:
 #   0. the Triton delta rule the hybrid target trains with: its GPU tests (a failure stops here: a
 #      build on a wrong kernel would mean nothing) and its timing (bench/gdn_train_step.py);
-#      KERNEL_CHECK=0 skips this step;
+#      KERNEL_CHECK=0 skips this step; PROFILE=1 adds the targets' training steps, profiled
+#      (bench/zoo_target_sweep.py --profile, both roles, about 3 minutes);
 #   1. `specpilot zoo build --preset small` alone on the GPU (its time is a bar: nothing else runs);
 #   2. realism of the new targets and the shipped micro set (GPU), beside τ of every drafter
 #      (bench/zoo_tau.py) and of every tree policy (bench/zoo_trees.py) on 164 HumanEval prompts —
@@ -29,6 +30,12 @@ if [ "${KERNEL_CHECK:-1}" != 0 ]; then
     python bench/gdn_train_step.py --device cuda --chunks 64 --warps 4,8 --no-compile \
         --out "$dir/gdn_train_step_h200.json" >"$dir/gdn_train_step.log" 2>&1
     log "kernel timing exit $?"
+fi
+if [ "${PROFILE:-0}" = 1 ]; then
+    log "target steps, profiled"
+    python bench/zoo_target_sweep.py --preset small --device cuda --role dense --role hybrid --time-only --profile \
+        --set corpus=stdlib --out "$dir/zoo_train_step_profile_h200.json" >"$dir/target_steps.log" 2>&1
+    log "target steps exit $?"
 fi
 log "build"
 # shellcheck disable=SC2086  # BUILD_ARGS is split into words on purpose
