@@ -34,6 +34,7 @@ except ImportError:  # the engine falls back to its torch form
 
 
 WARPS = 4  # warps per program
+MAX_SIZE = 64  # largest head size and chunk: at 64 / 64 / 64 the kernels fit sm_90's shared memory (tested)
 LAUNCHED = ("_fwd_prep", "_fwd_walk", "_fwd_out", "_bwd_prep", "_bwd_walk", "_bwd_dqk", "_bwd_dwy")  # in order
 
 
@@ -92,7 +93,7 @@ if triton is not None:
 
     @triton.jit
     def _unit_lower_inverse(A, out, C: tl.constexpr):
-        """(I + A)⁻¹ for strictly lower A [C, C] (C a power of two from 16 to 256), written to `out`
+        """(I + A)⁻¹ for strictly lower A [C, C] (C a power of two, 16 or more), written to `out`
         (this chunk's [C, C] block, which it also works in) and returned. By 16 × 16 blocks, all
         products in plain float32: first each diagonal block's inverse X_bb, by forward substitution
         in all of them at once (step i makes row i of each block from the rows above it); then the
@@ -357,8 +358,9 @@ def chunked_gated_delta_rule(q, k, v, g, beta, h, chunk: int = 64, warps: int = 
     if triton is None:
         raise RuntimeError("the fused delta rule needs Triton (pip install triton)")
     sizes = {"key head size": k.shape[-1], "value head size": v.shape[-1], "chunk": chunk}
-    bad = {name: n for name, n in sizes.items() if n < 16 or n & (n - 1) or n > 256}
+    bad = {name: n for name, n in sizes.items() if n < 16 or n & (n - 1) or n > MAX_SIZE}
     if bad:
-        raise ValueError(f"the fused delta rule needs powers of two from 16 to 256; got {bad}: use the torch form")
+        raise ValueError(f"the fused delta rule needs powers of two from 16 to {MAX_SIZE} (larger ones need more "
+                         f"shared memory than an H100 / H200 program has); got {bad}: use the torch form")
     o, hT, *_ = _fwd_op(*(t.float().contiguous() for t in (q, k, v, g, beta, h)), chunk, warps)
     return o, hT
