@@ -4,14 +4,17 @@ a thread, shared memory a program, per warp count. Compiled ahead of time with t
 of Triton's wheel, so it runs on a machine without a GPU; the timings are `gdn_train_step.py`'s.
 
     python bench/kernel_resources.py [--warps 4,8] [--out bench/results/gdn_kernel_resources.json]
-    git show REV:kernels/gdn_chunk.py > /tmp/old.py   # an earlier version's kernels, by name:
+    git show REV:kernels/gdn_chunk.py > /tmp/old.py   # an earlier version's kernels, by name
     python bench/kernel_resources.py --module /tmp/old.py --kernels _fwd,_bwd [--stages 1]
+
+A result names the kernel file it compiled and the first 12 hex digits of its sha256.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import importlib.util
 import json
 import sys
@@ -59,6 +62,8 @@ def main(argv=None) -> int:
                           f"{res['shared_bytes'] // 1024:4d} KiB shared")
     out = {"command": "python " + " ".join(sys.argv), "date": datetime.date.today().isoformat(), "git_sha": git_sha(),
            "device": "none (compiled for sm_90 with Triton's ptxas)", "triton": gdn_chunk.triton.__version__,
+           "module": args.module or "kernels/gdn_chunk.py",
+           "module_sha256": hashlib.sha256(Path(module.__file__).read_bytes()).hexdigest()[:12],
            "shape": SHAPE, "stages": args.stages, "kernels": kernels}
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1))

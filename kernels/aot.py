@@ -24,9 +24,11 @@ def available() -> bool:
     return (BIN / "ptxas").exists() and (BIN / "cuobjdump").exists()
 
 
-def compile_kernel(fn, constexprs: dict, capability: int = 90, warps: int = 4, stages: int = 3):
-    """fn compiled for sm_<capability>: pointer arguments float32, other non-constexpr ones int32."""
-    sig = {a: "constexpr" if a in constexprs else "i32" if a in ("T",) else "*fp32" for a in fn.arg_names}
+def compile_kernel(fn, constexprs: dict, capability: int = 90, warps: int = 4, stages: int = 3,
+                   ints: tuple[str, ...] = ("T",)):
+    """fn compiled for sm_<capability>: the arguments named in `constexprs` fixed, those in `ints`
+    int32, every other one a float32 pointer."""
+    sig = {a: "constexpr" if a in constexprs else "i32" if a in ints else "*fp32" for a in fn.arg_names}
     consts = {(fn.arg_names.index(a),): v for a, v in constexprs.items() if a in fn.arg_names}
     return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", capability, 32),
                           options=dict(num_warps=warps, num_stages=stages))

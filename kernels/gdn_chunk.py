@@ -86,6 +86,11 @@ if triton is not None:
         return G, tl.exp(G), gl, tl.where(lower, tl.exp(G[:, None] - G[None, :]), 0.0), lower, strict
 
     @triton.jit
+    def _intra(qq, kk, D, lower):
+        """P = lower(D∘qkᵀ): how a chunk's rows read the chunk's own U."""
+        return tl.where(lower, D * tl.dot(qq, tl.trans(kk)), 0.0)
+
+    @triton.jit
     def _ids(T, H: tl.constexpr):
         """This program's (batch row · head) index, its first row in the [B·T·H, D] views, its chunk (0 in a walk)."""
         bh = tl.program_id(0)
@@ -168,7 +173,7 @@ if triton is not None:
         G, eG, gl, D, lower, strict = _decays(gg, C)
         h = tl.load(_at(hs, bh, n, NC, K, V))
         U = tl.load(_at(wv, bh, n, NC, C, V)) - tl.dot(tl.load(_at(wk, bh, n, NC, C, K)), h)
-        P = tl.where(lower, D * tl.dot(qq, tl.trans(kk)), 0.0)
+        P = _intra(qq, kk, D, lower)
         out = tl.dot(eG[:, None] * qq, h) + tl.dot(P, U)
         tl.store(o + r[:, None] * V + tl.arange(0, V)[None, :], out, mask=m[:, None])
 
@@ -182,7 +187,7 @@ if triton is not None:
         dO, _, _ = _tile(do, row0, n, T, H, V, C)
         gg = _vec(g, row0, n, T, H, C)
         G, eG, gl, D, lower, strict = _decays(gg, C)
-        P = tl.where(lower, D * tl.dot(qq, tl.trans(kk)), 0.0)
+        P = _intra(qq, kk, D, lower)
         tl.store(_at(du, bh, n, NC, C, V), tl.dot(tl.trans(P), dO))
         tl.store(_at(qdo, bh, n, NC, K, V), tl.dot(tl.trans(eG[:, None] * qq), dO))
 
