@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import git_sha  # noqa: E402
+from common import git_sha, top_kernels  # noqa: E402
 
 from specpilot.engine import gdn  # noqa: E402
 from specpilot.engine.model import GatedDeltaNet  # noqa: E402
@@ -58,6 +58,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--warps", default=str(gdn_chunk.WARPS), help="Triton warps per program to time, e.g. 4,8")
+    ap.add_argument("--profile", action="store_true",
+                    help="with the Triton kernels: each kernel's device time per forward + backward, per warps")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     r = PRESETS["small"]
@@ -95,8 +97,12 @@ def main() -> int:
                "layer_eager_ms": timed_ms(step(whole), args.reps, dev)}
         if cuda and gdn_chunk.available() and chunk <= gdn_chunk.MAX_SIZE:  # the Triton kernels, uncompiled
             for w in (int(w) for w in args.warps.split(",")):
-                row[f"rule_triton_{w}warps_ms"] = timed_ms(step(lambda c=chunk, w=w: gdn_chunk.chunked_gated_delta_rule(
-                    *rule_in, h0, chunk=c, warps=w)[0]), args.reps, dev)
+                run = step(lambda c=chunk, w=w: gdn_chunk.chunked_gated_delta_rule(*rule_in, h0, chunk=c, warps=w)[0])
+                row[f"rule_triton_{w}warps_ms"] = timed_ms(run, args.reps, dev)
+                if args.profile:  # the seven kernels by name (LAUNCHED), ms per forward + backward
+                    row[f"rule_triton_{w}warps_kernels"] = {
+                        k["name"]: k["ms_per_step"] for k in top_kernels(lambda: [run() for _ in range(5)], 5, dev, n=40)
+                        if k["name"] in gdn_chunk.LAUNCHED}
             row["layer_triton_ms"] = timed_ms(step(lambda c=chunk: whole(c, True)), args.reps, dev)
         if not args.no_compile:
             t = time.perf_counter()
@@ -105,7 +111,9 @@ def main() -> int:
             row["rule_compile_s"] = time.perf_counter() - t
             row["rule_compiled_ms"] = timed_ms(step(crule), args.reps, dev)
         results[f"chunk_{chunk}"] = row
-        print(f"chunk {chunk}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()), flush=True)
+        print(f"chunk {chunk}: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} "
+                                            + " ".join(f"{n} {t:.3f}" for n, t in v.items()) for k, v in row.items()),
+              flush=True)
     out = {"command": "python " + " ".join(sys.argv), "date": datetime.date.today().isoformat(),
            "git_sha": git_sha(), "device": torch.cuda.get_device_name() if cuda else "cpu",
            "torch": torch.__version__, "batch": B, "seq": T, "heads": H, "key_dim": dk, "value_dim": dv,

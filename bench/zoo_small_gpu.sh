@@ -9,7 +9,8 @@
 #   2. realism of the new targets and the shipped micro set (GPU), beside τ of every drafter
 #      (bench/zoo_tau.py) and of every tree policy (bench/zoo_trees.py) on 164 HumanEval prompts —
 #      continuations on the GPU, drafters replayed on the CPU cores, JOBS processes each;
-#   3. the GPU test suite, once realism is done (GPU_TESTS=0 skips it).
+#   3. the GPU tests, once realism is done (GPU_TESTS: the test path, default tests/gpu; 0 skips them).
+# TAU=0 skips the tau bench.
 # Usage (repository root, GPU machine, package installed): bash bench/zoo_small_gpu.sh DIR
 # BUILD_ARGS: more arguments for the build, e.g. "--set target_steps=4000"; JOBS (default 7) and
 # TREE_JOBS (default JOBS): processes of the tau and the trees benches.
@@ -49,13 +50,16 @@ log "build done; realism, tau and trees"
 SPECPILOT_COMPILE=0 python bench/zoo_realism.py --zoo out/small --baseline zoo/checkpoints/micro --device cuda \
     --out "$dir/zoo_realism.json" >"$dir/realism.log" 2>&1 &
 realism=$!
-SPECPILOT_COMPILE=0 python bench/zoo_tau.py --zoo out/small --device cuda --replay-device cpu --prompts 164 \
-    --jobs "$jobs" --out "$dir/zoo_tau_small_164.json" >"$dir/tau.log" 2>&1 &
+if [ "${TAU:-1}" != 0 ]; then
+    SPECPILOT_COMPILE=0 python bench/zoo_tau.py --zoo out/small --device cuda --replay-device cpu --prompts 164 \
+        --jobs "$jobs" --out "$dir/zoo_tau_small_164.json" >"$dir/tau.log" 2>&1 &
+fi
 SPECPILOT_COMPILE=0 python bench/zoo_trees.py --zoo out/small --device cuda --replay-device cpu --prompts 164 \
     --jobs "${TREE_JOBS:-$jobs}" --roles "${TREE_ROLES:-hybrid,dense}" --out "$dir/zoo_trees_small.json" >"$dir/trees.log" 2>&1 &
 wait "$realism"; log "realism exit $?"
-if [ "${GPU_TESTS:-1}" != 0 ]; then
-    python -m pytest -q -p no:cacheprovider tests/gpu >"$dir/gpu_tests_h200.log" 2>&1
+if [ "${GPU_TESTS:-tests/gpu}" != 0 ]; then
+    # shellcheck disable=SC2086  # a list of test paths
+    python -m pytest -q -p no:cacheprovider ${GPU_TESTS:-tests/gpu} >"$dir/gpu_tests_h200.log" 2>&1
     log "GPU tests exit $?"
 fi
 wait

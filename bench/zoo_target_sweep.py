@@ -91,6 +91,41 @@ def side_by_side(r: B.Recipe, roles: list[str], train_ids: torch.Tensor, device:
                    "side_by_side_step_ms": got["side by side"]} for role, got in out.items()}
 
 
+def in_threads(r: B.Recipe, train_ids: torch.Tensor, steps: int) -> dict:
+    """Both roles trained by `train.train_lm` in ONE process, each in its own thread on its own CUDA
+    stream, so that kernels of both may run at once (two processes only take turns on the GPU).
+    Each role first warms up (compiles) alone, then is timed alone for `steps` steps; then both run
+    together, the dense role given as many steps as take it as long alone as the hybrid's `steps`.
+    → per role its alone ms per step, and the pair's seconds against the sum of the alone times."""
+    import threading
+
+    roles = {role: (B.new_target(r, role == "hybrid", "cuda"), torch.cuda.Stream()) for role in ("dense", "hybrid")}
+
+    def run(role: str, n: int) -> None:
+        target, stream = roles[role]
+        with torch.cuda.stream(stream):
+            train.train_lm(target, train_ids, n, r.target_batch, r.seq, r.target_lr, r.seed + 2, role, None, "cuda",
+                           compile=r.compile_target, scope=r.compile_scope)
+
+    got: dict = {}
+    for role in roles:
+        got[role] = {"warmup_s": seconds(lambda: run(role, 12), "cuda")}
+        got[role]["alone_step_ms"] = seconds(lambda: run(role, steps), "cuda") / steps * 1e3
+    n = {"hybrid": steps, "dense": max(1, round(steps * got["hybrid"]["alone_step_ms"] / got["dense"]["alone_step_ms"]))}
+    alone_s = sum(n[role] * got[role]["alone_step_ms"] / 1e3 for role in roles)
+    threads = [threading.Thread(target=run, args=(role, n[role])) for role in roles]
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    torch.cuda.synchronize()
+    together_s = time.perf_counter() - t
+    return {"roles": got, "together_steps": n, "together_s": together_s, "alone_s": alone_s,
+            "speedup": alone_s / together_s}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--preset", default="small")
@@ -107,6 +142,9 @@ def main() -> int:
     ap.add_argument("--side-by-side", type=float, metavar="SECONDS",
                     help="with --time-only and two roles: time each role's steps alone and beside the other's, "
                          "SECONDS per phase, in two processes sharing the GPU as the build's roles do")
+    ap.add_argument("--threads", type=int, metavar="STEPS",
+                    help="with --time-only: time both roles alone and together in one process, a thread and a "
+                         "CUDA stream each, STEPS hybrid steps per phase (in_threads)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     r = recipe(ap, args)
@@ -124,6 +162,16 @@ def main() -> int:
             "git_sha": git_sha(), "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
             "torch": torch.__version__, "preset": args.preset, "overrides": args.set,
             "corpus_tokens": len(inp.train_ids), "prepare_s": prepare_s}
+    if args.threads:
+        if not args.time_only or args.device != "cuda":
+            ap.error("--threads needs --time-only and --device cuda")
+        got = in_threads(r, inp.train_ids, args.threads)
+        for role, row in got["roles"].items():
+            print(f"{role}: {row['alone_step_ms']:.1f} ms/step alone (warm-up {row['warmup_s']:.1f} s)", flush=True)
+        print(f"together, one process: {got['together_s']:.1f} s for {got['together_steps']} steps, "
+              f"{got['alone_s']:.1f} s alone: ×{got['speedup']:.3f}", flush=True)
+        Path(args.out).write_text(json.dumps(head | got | {"recipe": dataclasses.asdict(r)}, indent=1))
+        return 0
     if args.side_by_side:
         for role, got in shared.items():
             print(f"{role}: {got['alone_step_ms']:.1f} ms/step alone, {got['side_by_side_step_ms']:.1f} beside the "

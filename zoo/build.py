@@ -339,7 +339,7 @@ class Inputs:
     held_ids: torch.Tensor
     prompts: dict[str, list[list[int]]]  # evaluation prompts by workload
     fn_prompts: list[list[int]]  # workload-like distillation prompts from train modules
-    tokenizer_s: float
+    timings: dict[str, float]  # seconds: reading the corpus, training the tokenizer, encoding
 
 
 def load_recipe_corpus(r: Recipe) -> corpus_mod.Corpus:
@@ -356,11 +356,12 @@ def load_recipe_corpus(r: Recipe) -> corpus_mod.Corpus:
 
 def prepare(r: Recipe, log=print) -> Inputs:
     """Corpus, tokenizer, token streams and prompts of a recipe (deterministic in the recipe)."""
-    corpus = load_recipe_corpus(r)
+    corpus, read_s = train.timed(load_recipe_corpus, r)
     log(f"corpus: {len(corpus.train)} train / {len(corpus.heldout)} held-out files, sha256 {corpus.sha256[:12]}")
     tok_docs = corpus_mod.subsample(corpus.train, r.tokenizer_sample)
     tok, tokenizer_s = train.timed(tok_mod.train_tokenizer, [d.text for d in tok_docs], r.vocab)
     # the prompts' parsing (Python) runs beside the encoding (the tokenizer's threads release the GIL)
+    t = time.perf_counter()
     with ThreadPoolExecutor(1) as pool:
         fn = pool.submit(workload_like_prompts, tok, corpus_mod.subsample(corpus.train, r.workload_files)) \
             if r.workload_prompts else None
@@ -368,7 +369,8 @@ def prepare(r: Recipe, log=print) -> Inputs:
         train_ids, held_ids = encode_docs(tok, corpus.train), encode_docs(tok, corpus.heldout)
         fn_prompts, prompts = fn.result() if fn else [], evals.result()
     log(f"tokenizer: vocab {tok.get_vocab_size()}, {len(train_ids)} train / {len(held_ids)} held-out tokens")
-    return Inputs(corpus, tok, train_ids, held_ids, prompts, fn_prompts, tokenizer_s)
+    return Inputs(corpus, tok, train_ids, held_ids, prompts, fn_prompts,
+                  {"read_s": read_s, "tokenizer_s": tokenizer_s, "encode_s": time.perf_counter() - t})
 
 
 def new_draft_lm(r: Recipe, device: str) -> Model:
@@ -387,8 +389,9 @@ def corpus_draft_lm(r: Recipe, train_ids: torch.Tensor, device: str, log) -> dic
 
 
 class Handoff:
-    """Hands one role process's `corpus_draft_lm` to the other forked role processes, through a
-    file under the build's folder; `failed` (set by the parent when a role process fails) ends a wait."""
+    """Hands `corpus_draft_lm`'s weights from the forked process that trains them to the role
+    processes, through a file under the build's folder; `failed` (set by the parent when a process
+    fails) ends a wait."""
 
     def __init__(self, ctx, path: Path):
         self.path, self.ready, self.failed = path, ctx.Event(), ctx.Event()
@@ -494,18 +497,20 @@ def build_role(r: Recipe, role: str, inp: Inputs, out: Path, device: str, log, t
 _FORKED: tuple = ()  # what forked role builds inherit (set just before the fork; nothing is pickled)
 
 
-def _role_process(role: str, queue) -> None:
+DRAFT_LM = "draft LM"  # the job of the side-by-side build that trains `corpus_draft_lm` for both roles
+
+
+def _job_process(job: str, queue) -> None:
     r, inp, out, device, log, t_all, handoff = _FORKED
     try:
-        timings, lm_base = {}, handoff.get
-        if role == "dense":  # first, so that the hybrid role finds it ready
-            base, timings["draft_lm_corpus_s"] = train.timed(corpus_draft_lm, r, inp.train_ids, device, log)
+        if job == DRAFT_LM:
+            base, seconds = train.timed(corpus_draft_lm, r, inp.train_ids, device, log)
             handoff.put(base)
-            lm_base = lambda: base  # noqa: E731 — this process keeps what it hands over
-        models, role_timings = build_role(r, role, inp, out, device, log, t_all, lm_base)
-        queue.put((role, (models, timings | role_timings), None))
+            queue.put((job, ([], {"draft_lm_corpus_s": seconds}), None))
+        else:
+            queue.put((job, build_role(r, job, inp, out, device, log, t_all, handoff.get), None))
     except BaseException as e:  # noqa: BLE001 — reported to the parent, which raises it
-        queue.put((role, None, f"{type(e).__name__}: {e}"))
+        queue.put((job, None, f"{type(e).__name__}: {e}"))
 
 
 def build(preset: str, out: Path, device: str = "cpu", log=print, roles: tuple[str, ...] = ("dense", "hybrid"),
@@ -513,14 +518,15 @@ def build(preset: str, out: Path, device: str = "cpu", log=print, roles: tuple[s
     """Build every model of a preset (of the given target roles) into `out`; returns (and writes)
     the manifest. `recipe`: the preset's recipe with changes (default: the preset's own). With
     `parallel` (default: on a GPU), the roles build side by side in forked processes sharing the
-    device — the GPU has room for both small pipelines at once."""
+    device, and a third process trains the draft LM's corpus steps while the targets compile: the
+    GPU is seldom left idle."""
     global _FORKED
     r = recipe or PRESETS[preset]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()
     inp = prepare(r, log)
-    timings: dict[str, float] = {"tokenizer_s": inp.tokenizer_s, "prepare_s": time.perf_counter() - t_all}
+    timings: dict[str, float] = inp.timings | {"prepare_s": time.perf_counter() - t_all}
     jobs = [role for role in ("dense", "hybrid") if role in roles]
     parallel = device != "cpu" if parallel is None else parallel
     if parallel and len(jobs) > 1:
@@ -529,28 +535,29 @@ def build(preset: str, out: Path, device: str = "cpu", log=print, roles: tuple[s
         ctx = mp.get_context("fork")  # before any CUDA call in this process: prepare() stays on the CPU
         handoff = Handoff(ctx, out / "draft-lm-corpus.pt")
         queue, _FORKED = ctx.Queue(), (r, inp, out, device, log, t_all, handoff)
-        procs = [ctx.Process(target=_role_process, args=(role, queue)) for role in jobs]
+        names = [DRAFT_LM] + jobs
+        procs = [ctx.Process(target=_job_process, args=(job, queue)) for job in names]
         for pr in procs:
             pr.start()
         done: dict[str, tuple] = {}
         while len(done) < len(procs):
             try:
-                role, res, err = queue.get(timeout=5)
-                done[role] = (res, err)
+                job, res, err = queue.get(timeout=5)
+                done[job] = (res, err)
             except Empty:  # a process that died without a word (killed, out of memory) ends the wait
-                for role, pr in zip(jobs, procs):
-                    if role not in done and not pr.is_alive() and queue.empty():
-                        done[role] = (None, f"its process ended with exit code {pr.exitcode}")
+                for job, pr in zip(names, procs):
+                    if job not in done and not pr.is_alive() and queue.empty():
+                        done[job] = (None, f"its process ended with exit code {pr.exitcode}")
             if any(err for _, err in done.values()):
                 handoff.failed.set()
         for pr in procs:
             pr.join()
         _FORKED = ()
         handoff.path.unlink(missing_ok=True)
-        errors = [f"{role}: {err}" for role, (_, err) in done.items() if err]
+        errors = [f"{job}: {err}" for job, (_, err) in done.items() if err]
         if errors:
             raise RuntimeError("zoo build failed — " + "; ".join(errors))
-        results = [done[role][0] for role in jobs]
+        results = [done[job][0] for job in names]
     else:
         base, timings["draft_lm_corpus_s"] = train.timed(corpus_draft_lm, r, inp.train_ids, device, log)
         results = [build_role(r, role, inp, out, device, log, t_all, lambda: base) for role in jobs]

@@ -137,8 +137,8 @@ def test_recipe_overrides_parse_as_the_field_type_and_name_bad_ones():
 
 def test_roles_built_side_by_side_equal_the_roles_built_in_turn(tmp_path):
     """Forked role processes (as on a GPU) write the same weights as one process building the
-    roles in turn: the draft LM's corpus steps, trained once by the dense role's process and handed
-    to the hybrid role's, give both roles the start they get in turn. One torch thread, in a fresh
+    roles in turn: the draft LM's corpus steps, trained once by a third process and handed to both
+    role processes, give both roles the start they get in turn. One torch thread, in a fresh
     interpreter: GNU OpenMP's thread pool does not survive a fork, and thread counts change float
     sums."""
     script = (f"import torch; torch.set_num_threads(1)\n"
