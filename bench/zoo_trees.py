@@ -150,7 +150,7 @@ def main() -> int:
         result["build_s"] = time.perf_counter() - t
         result["build_timings_s"] = manifest["timings"]
     manifest = json.loads((zoo / "zoo.json").read_text())
-    result["models"] = manifest["models"]
+    result["preset"], result["models"] = manifest["preset"], manifest["models"]  # the zoo's, built here or not
     tok = load_tokenizer(zoo / "dense")
     prompts = [tok.encode(r.prompt).ids for r in humaneval(limit=args.prompts)]
     result["prompts"] = len(prompts)
