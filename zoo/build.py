@@ -494,7 +494,7 @@ def build_role(r: Recipe, role: str, inp: Inputs, out: Path, device: str, log, t
     return models, timings
 
 
-_FORKED: tuple = ()  # what forked role builds inherit (set just before the fork; nothing is pickled)
+_FORKED: tuple = ()  # what the forked jobs inherit (set just before the fork; nothing is pickled)
 
 
 DRAFT_LM = "draft LM"  # the job of the side-by-side build that trains `corpus_draft_lm` for both roles
