@@ -32,13 +32,17 @@ from specpilot.zoo import tokenizer as tok_mod  # noqa: E402
 from specpilot.zoo import train, workloads  # noqa: E402
 
 
+def train_steps(r: B.Recipe, target, train_ids: torch.Tensor, n: int, device: str, desc: str = "step") -> None:
+    """n more of the build's training steps of `target` (`train.train_lm`; a compiled step is
+    compiled once, on the first call)."""
+    train.train_lm(target, train_ids, n, r.target_batch, r.seq, r.target_lr, r.seed + 2, desc, None, device,
+                   compile=r.compile_target, scope=r.compile_scope)
+
+
 def trainer(r: B.Recipe, hybrid: bool, train_ids: torch.Tensor, device: str):
-    """run(n): seconds of n more training steps of one fresh target of the role, through
-    `train.train_lm` (a compiled step is compiled once, on the first run)."""
+    """run(n): seconds of n more training steps of one fresh target of the role (`train_steps`)."""
     target = B.new_target(r, hybrid, device)
-    return lambda n: seconds(lambda: train.train_lm(target, train_ids, n, r.target_batch, r.seq, r.target_lr,
-                                                    r.seed + 2, "step", None, device, compile=r.compile_target,
-                                                    scope=r.compile_scope), device)
+    return lambda n: seconds(lambda: train_steps(r, target, train_ids, n, device), device)
 
 
 def step_seconds(r: B.Recipe, hybrid: bool, train_ids: torch.Tensor, device: str, steps: int = 12,
@@ -104,8 +108,7 @@ def in_threads(r: B.Recipe, train_ids: torch.Tensor, steps: int) -> dict:
     def run(role: str, n: int) -> None:
         target, stream = roles[role]
         with torch.cuda.stream(stream):
-            train.train_lm(target, train_ids, n, r.target_batch, r.seq, r.target_lr, r.seed + 2, role, None, "cuda",
-                           compile=r.compile_target, scope=r.compile_scope)
+            train_steps(r, target, train_ids, n, "cuda", role)
 
     got: dict = {}
     for role in roles:
