@@ -36,7 +36,7 @@ def train_steps(r: B.Recipe, target, train_ids: torch.Tensor, n: int, device: st
     """n more of the build's training steps of `target` (`train.train_lm`; a compiled step is
     compiled once, on the first call)."""
     train.train_lm(target, train_ids, n, r.target_batch, r.seq, r.target_lr, r.seed + 2, desc, None, device,
-                   compile=r.compile_target, scope=r.compile_scope)
+                   compile=r.compile_target, scope=r.compile_scope, muon=r.target_optimizer == "muon")
 
 
 def trainer(r: B.Recipe, hybrid: bool, train_ids: torch.Tensor, device: str):

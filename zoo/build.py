@@ -87,6 +87,7 @@ class Recipe:
     gen_batch: int = 128  # prompts per batched greedy-continuation pass (large on a GPU)
     anchors: int = 4  # blocks per training sequence (block kinds)
     store_dtype: str = "bfloat16"
+    target_optimizer: str = "adamw"  # "muon": the targets' block matrices train with train.Muon (the rest AdamW)
     compile_target: bool = False  # on a GPU, train the target through torch.compile (eager if it fails)
     compile_scope: str = "block"  # what one compiled graph holds: "block" or the whole "model" (train.compiled_loss)
     triton_gdn: bool = False  # on a GPU, hybrid targets train with the Triton delta rule (kernels/gdn_chunk.py)
@@ -100,6 +101,8 @@ class Recipe:
     tokenizer_sample: float = 1.0  # share of the training files the tokenizer learns its merges on
 
     def __post_init__(self) -> None:
+        if self.target_optimizer not in ("adamw", "muon"):
+            raise ValueError(f"recipe {self.name}: target_optimizer {self.target_optimizer!r} is not 'adamw' or 'muon'")
         if self.compile_scope not in ("block", "model"):
             raise ValueError(f"recipe {self.name}: compile_scope {self.compile_scope!r} is not 'block' or 'model'")
 
@@ -255,7 +258,7 @@ def train_target(r: Recipe, hybrid: bool, train_ids: torch.Tensor, device: str, 
     steps = r.target_steps if hybrid else r.dense_steps or r.target_steps
     train.train_lm(target, train_ids, steps, r.target_batch, r.seq, r.target_lr, r.seed + 2,
                    f"{'hybrid' if hybrid else 'dense'} target", log, device, compile=r.compile_target,
-                   scope=r.compile_scope)
+                   scope=r.compile_scope, muon=r.target_optimizer == "muon")
     return target
 
 

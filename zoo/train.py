@@ -44,38 +44,46 @@ def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
 
 
 def fit(params, steps: int, lr: float, loss_fn: Callable[[torch.Tensor], torch.Tensor], desc: str, log: Log | None,
-        progress: bool = True, graph: bool = False) -> float:
-    """AdamW with warm-up and cosine decay; returns the mean loss of the last 10 % of steps.
+        progress: bool = True, graph: bool = False, matrices=()) -> float:
+    """AdamW with warm-up and cosine decay; returns the mean loss of the last 10 % of steps. The
+    parameters also in `matrices` (2-D weights inside the network: not embeddings, norms or biases)
+    train with `Muon` instead, on the same schedule.
     loss_fn(step) reads its batch by `step`, a one-element long tensor on the parameters' device.
     On a GPU the forward runs under bf16 autocast (weights and optimizer state stay float32), the
     learning rate lives on the device, and with `graph` every step after the first few replays one
-    captured CUDA graph of the whole step (forward, backward, clipping, AdamW, the step counter):
-    one launch a step in place of hundreds, for models too small to hide their launches. loss_fn
-    must then neither read from the device nor copy from the host; a capture that fails warns and
-    the steps run eagerly."""
+    captured CUDA graph of the whole step (forward, backward, clipping, the optimizers, the step
+    counter): one launch a step in place of hundreds, for models too small to hide their launches.
+    loss_fn must then neither read from the device nor copy from the host; a capture that fails
+    warns and the steps run eagerly."""
     params = [p for p in params if p.requires_grad]
+    mats = {id(p) for p in matrices}
     dev = params[0].device
     cuda = dev.type == "cuda"
     warmup, n_tail = max(1, steps // 20), max(1, steps // 10)
     sched = [lr_at(s, steps, lr, warmup) for s in range(steps)]
     lr_dev = torch.tensor(sched, device=dev) if cuda else None
-    opt = torch.optim.AdamW(params, lr=torch.tensor(lr, device=dev) if cuda else lr, betas=(0.9, 0.95),
-                            weight_decay=0.01, fused=cuda, capturable=cuda)
+    rest = [p for p in params if id(p) not in mats]
+    opts = [torch.optim.AdamW(rest, lr=torch.tensor(lr, device=dev) if cuda else lr, betas=(0.9, 0.95),
+                              weight_decay=0.01, fused=cuda, capturable=cuda)] if rest else []
+    if mats:
+        opts.append(Muon([p for p in params if id(p) in mats], lr=torch.tensor(lr, device=dev) if cuda else lr))
     step_t = torch.zeros(1, dtype=torch.long, device=dev)
     losses = torch.zeros(steps, device=dev)
 
     def one_step():
-        for g in opt.param_groups:
+        for g in (g for opt in opts for g in opt.param_groups):
             if cuda:
                 g["lr"].copy_(lr_dev[step_t][0])
             else:
                 g["lr"] = sched[int(step_t)]
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda, cache_enabled=False):
             loss = loss_fn(step_t)
-        opt.zero_grad(set_to_none=True)
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        for opt in opts:
+            opt.step()
         losses.index_copy_(0, step_t, loss.detach().float().view(1))
         step_t.add_(1)
 
@@ -99,6 +107,63 @@ def fit(params, steps: int, lr: float, loss_fn: Callable[[torch.Tensor], torch.T
     if log:
         log(f"  {desc}: {steps} steps, final loss {final:.3f}")
     return final
+
+
+# ---- Muon ----------------------------------------------------------------------------------
+NS_COEFFS = (3.4445, -4.7750, 2.0315)  # a quintic that pushes every singular value into ~[0.7, 1.2] in 5 steps
+
+
+def orthogonalized(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
+    """[..., m, n] → U Vᵀ of each matrix's SVD U S Vᵀ, approximately: its singular values all
+    brought near 1 by a Newton–Schulz iteration (matrix products only; bf16 on a GPU)."""
+    x = g.to(torch.bfloat16 if g.is_cuda else g.dtype)
+    wide = x.shape[-2] <= x.shape[-1]
+    x = x if wide else x.mT
+    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-7)
+    a, b, c = NS_COEFFS
+    for _ in range(steps):
+        s = x @ x.mT
+        x = a * x + (b * s + c * (s @ s)) @ x
+    return (x if wide else x.mT).to(g.dtype)
+
+
+class Muon(torch.optim.Optimizer):
+    """Momentum orthogonalized (Muon) for 2-D weights: Nesterov momentum, then each update replaced
+    by `orthogonalized` of it and scaled by 0.2·√max(m, n), the RMS an AdamW update of that matrix
+    has, so one learning rate and decoupled weight decay serve both optimizers. Matrices of one
+    shape are orthogonalized together (batched products); `lr` may be a tensor (CUDA graphs)."""
+
+    def __init__(self, params, lr, momentum: float = 0.95, weight_decay: float = 0.01):
+        super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay})
+        for g in self.param_groups:
+            if bad := [tuple(p.shape) for p in g["params"] if p.ndim != 2]:
+                raise ValueError(f"Muon trains 2-D weights only, got shapes {bad}")
+
+    @torch.no_grad()
+    def step(self):
+        for g in self.param_groups:
+            lr, mom, wd = g["lr"], g["momentum"], g["weight_decay"]
+            by_shape: dict[torch.Size, list] = {}
+            for p in g["params"]:
+                if p.grad is not None:
+                    by_shape.setdefault(p.shape, []).append(p)
+            for shape, ps in by_shape.items():
+                grads, bufs = [p.grad for p in ps], []
+                for p in ps:
+                    st = self.state[p]
+                    if "momentum" not in st:
+                        st["momentum"] = torch.zeros_like(p)
+                    bufs.append(st["momentum"])
+                torch._foreach_lerp_(bufs, grads, 1 - mom)
+                upd = orthogonalized(torch.stack(grads).lerp_(torch.stack(bufs), mom)) * (lr * (0.2 * max(shape) ** 0.5))
+                torch._foreach_mul_(ps, 1 - lr * wd)
+                torch._foreach_sub_(ps, list(upd.unbind(0)))
+
+
+def matrices(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The 2-D weights of a model's blocks (what `Muon` trains): not the embeddings, the LM head,
+    norms, biases or convolutions."""
+    return [p for p in model.model.layers.parameters() if p.ndim == 2]
 
 
 def warm_up(fn) -> None:
@@ -162,10 +227,10 @@ def compiled_loss(model: Model, scope: str = "block"):
 
 def train_lm(model: Model, stream: torch.Tensor, steps: int, batch: int, seq: int, lr: float, seed: int,
              desc: str, log: Log | None, device="cpu", compile: bool = False, scope: str = "block",
-             graph: bool = False) -> float:
+             graph: bool = False, muon: bool = False) -> float:
     """Next-token training on random windows of `stream`; with `compile` on a GPU, through
     `compiled_loss` of that `scope` (a compiler failure warns and trains eagerly); else with `graph`,
-    as CUDA graphs (`fit`)."""
+    as CUDA graphs (`fit`). `muon`: the blocks' matrices train with `Muon`, the rest with AdamW."""
     gen = torch.Generator().manual_seed(seed)
     # every step's window starts drawn up front (as `windows` draws them, step by step), and the
     # stream on the device: a step gathers its batch there, with no host-to-device copy
@@ -187,7 +252,8 @@ def train_lm(model: Model, stream: torch.Tensor, steps: int, batch: int, seq: in
                 compiled = None
         return next_token_loss(model(x[:, :-1]).logits, x[:, 1:])
 
-    out = fit(model.parameters(), steps, lr, loss_fn, desc, log, graph=graph and compiled is None)
+    out = fit(model.parameters(), steps, lr, loss_fn, desc, log, graph=graph and compiled is None,
+              matrices=matrices(model) if muon else ())
     model.eval()
     return out
 
