@@ -62,12 +62,16 @@ def measure(folder: Path, seq: int, prompts: list[str], new: int, device: str, h
     gen_s = time.perf_counter() - t
     nat, bpb = train.stream_eval(target, encode_docs(tok, held), seq, torch.tensor(tok_mod.byte_lengths(tok)), device)
     parsed = [realism.parses(p, c) for p, c in zip(prompts, texts)]
-    looped = [realism.loops(c) for c in ids]
+    grams = [realism.loop_gram(c) for c in ids]
+    looped = [g is not None for g in grams]
     return {"parse_rate": sum(parsed) / len(prompts), "loop_rate": sum(looped) / len(ids),
             "heldout_bpb": bpb, "heldout_nat_per_token": nat, "prompts": len(prompts), "new_tokens": new,
             "params": sum(p.numel() for p in target.parameters()), "generate_s": gen_s,
             "examples": [{"id": i, "completion": texts[i][:400], "parses": parsed[i], "loops": looped[i]}
-                         for i in range(min(3, len(prompts)))]}
+                         for i in range(min(3, len(prompts)))],
+            # what each looping completion repeats, and the text around its first repeat
+            "loops": [{"id": i, "gram": tok_mod.decode(tok, g), "completion": texts[i][:240]}
+                      for i, g in enumerate(grams) if g is not None]}
 
 
 def main() -> int:

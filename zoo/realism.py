@@ -5,7 +5,7 @@
   completion ends inside the body (token budget), after its last complete line.
 - `parses(prompt, completion)`: that text is accepted by `ast.parse` and the body the completion
   adds has at least one statement line (a docstring alone, an empty or comment-only body fail).
-- `loops(ids)`: some n-gram (n ≤ 4) of the token ids repeats ≥ 4 times back to back.
+- `loops(ids)`: some n-gram (n ≤ 4) of the token ids repeats ≥ 4 times back to back (`loop_gram`: which).
 - `bits_per_byte(nats, n_bytes)`: a loss in nats over a text of n_bytes, in bits per UTF-8 byte (a
   figure that does not depend on the tokenizer).
 """
@@ -56,16 +56,21 @@ def parses(prompt: str, completion: str) -> bool:
     return True
 
 
-def loops(ids: Sequence[int], max_n: int = 4, repeats: int = 4) -> bool:
-    """True if some n-gram with n ≤ max_n occurs `repeats` times back to back in ids."""
+def loop_gram(ids: Sequence[int], max_n: int = 4, repeats: int = 4) -> list[int] | None:
+    """The first n-gram (shortest n ≤ max_n first) that occurs `repeats` times back to back in ids, or None."""
     ids = list(ids)
     for n in range(1, max_n + 1):
         span = n * repeats
         for i in range(len(ids) - span + 1):
             gram = ids[i : i + n]
             if all(ids[i + k * n : i + (k + 1) * n] == gram for k in range(1, repeats)):
-                return True
-    return False
+                return gram
+    return None
+
+
+def loops(ids: Sequence[int], max_n: int = 4, repeats: int = 4) -> bool:
+    """True if some n-gram with n ≤ max_n occurs `repeats` times back to back in ids."""
+    return loop_gram(ids, max_n, repeats) is not None
 
 
 def parse_rate(prompts: Sequence[str], completions: Sequence[str]) -> float:

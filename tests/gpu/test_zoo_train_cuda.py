@@ -81,13 +81,15 @@ def test_graph_captured_drafter_training_follows_the_eager_one(kind):
     assert_same_weights(eager, graphed, moved)
 
 
-def test_graph_captured_lm_training_follows_the_eager_one():
+@pytest.mark.parametrize("muon", [False, True])
+def test_graph_captured_lm_training_follows_the_eager_one(muon):
+    """With `muon`, the blocks' matrices train with train.Muon (its lr a device tensor) beside AdamW."""
     stream = torch.randint(0, 61, (4000,), generator=torch.Generator().manual_seed(0))
 
     def once(graph):
         m = random_model(tiny_config("llama", vocab=61, hidden=32, layers=2), seed=0, device="cuda")
         loss = train.train_lm(m, stream, steps=12, batch=4, seq=32, lr=3e-3, seed=4, desc="t", log=None,
-                              device="cuda", graph=graph)
+                              device="cuda", graph=graph, muon=muon)
         return loss, m
 
     loss_eager, eager, loss_graph, graphed = trained_both_ways(once)

@@ -53,6 +53,12 @@ def test_loops(ids, looped):
     assert R.loops(ids) is looped
 
 
+def test_loop_gram_names_the_shortest_repeated_gram():
+    assert R.loop_gram([9, 1, 2, 1, 2, 1, 2, 1, 2, 3, 3, 3, 3]) == [3]
+    assert R.loop_gram([9, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3]) == [1, 2, 3]
+    assert R.loop_gram([1, 2, 1, 2, 1, 2, 3]) is None
+
+
 def test_rates():
     assert R.loop_rate([[1, 1, 1, 1], [1, 2, 3], [4, 4, 4, 4, 4], [7]]) == 0.5
     assert R.parse_rate([PROMPT, PROMPT], ["    return a + b\n", ""]) == 0.5

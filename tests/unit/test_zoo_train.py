@@ -169,3 +169,64 @@ def test_markov_head_trains_alone_on_the_frozen_block_drafter():
             assert not torch.equal(value, init[name]), name  # the head learned
         else:
             assert torch.equal(value, block.state_dict()[name]), name  # the body is the block drafter's
+
+
+@pytest.mark.parametrize("shape", [(6, 6), (4, 9), (9, 4), (3, 5, 12)])
+def test_orthogonalized_brings_every_singular_value_near_one_along_the_svd_directions(shape):
+    """Newton–Schulz's quintic does not converge to U Vᵀ exactly: its singular values land in a
+    band around 1, its singular vectors are the input's."""
+    g = torch.randn(*shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    o = train.orthogonalized(g)
+    assert o.shape == g.shape and o.dtype == g.dtype
+    s = torch.linalg.svdvals(o)
+    assert s.min() > 0.6 and s.max() < 1.25, s
+    u, _, vh = torch.linalg.svd(g, full_matrices=False)
+    # in the input's singular bases, the output is diagonal: the directions are kept
+    inner = u.mT @ o @ vh.mT
+    off = inner - torch.diag_embed(torch.diagonal(inner, dim1=-2, dim2=-1))
+    assert off.abs().max() < 1e-9
+
+
+def test_a_muon_step_is_the_orthogonalized_nesterov_momentum_scaled_to_adamws_rms():
+    """Two steps by hand — momentum m = 0.95 m + 0.05 g, update g + 0.95 (m - g) orthogonalized,
+    times lr · 0.2 · √max(rows, cols), after decoupled decay — against the optimizer's; matrices
+    of one shape, stepped together, step as they would alone."""
+    gen = torch.Generator().manual_seed(1)
+    ws = [torch.randn(4, 6, generator=gen, dtype=torch.float64) for _ in range(2)] + \
+        [torch.randn(6, 3, generator=gen, dtype=torch.float64)]
+    grads = [[torch.randn_like(w) for w in ws] for _ in range(2)]
+    params = [torch.nn.Parameter(w.clone()) for w in ws]
+    opt = train.Muon(params, lr=0.1, weight_decay=0.5)
+    for gs in grads:
+        for p, g in zip(params, gs):
+            p.grad = g.clone()
+        opt.step()
+    for i, w in enumerate(ws):
+        m, w = torch.zeros_like(w), w.clone()
+        for gs in grads:
+            g = gs[i]
+            m = 0.95 * m + 0.05 * g
+            w = w * (1 - 0.1 * 0.5) - 0.1 * 0.2 * max(w.shape) ** 0.5 * train.orthogonalized(g + 0.95 * (m - g))
+        torch.testing.assert_close(params[i].detach(), w)
+
+
+def test_muon_takes_matrices_only():
+    with pytest.raises(ValueError, match=r"2-D weights only.*\(5,\)"):
+        train.Muon([torch.nn.Parameter(torch.zeros(5))], lr=0.1)
+
+
+def test_train_lm_with_muon_trains_the_blocks_matrices_with_muon_and_the_rest_with_adamw():
+    """The blocks' matrices are Muon's; embeddings and norms stay with AdamW; the loss goes down."""
+    m = random_model(tiny_config("hybrid", vocab=61, hidden=32, layers=4), seed=0)
+    mats = train.matrices(m)
+    assert mats and all(p.ndim == 2 for p in mats)
+    assert not any(p is m.model.embed_tokens.weight for p in mats)
+    assert len(mats) < sum(p.ndim == 2 for p in m.parameters())
+    stream = torch.randint(0, 61, (2000,), generator=torch.Generator().manual_seed(0)) % 7  # a learnable stream
+    adamw = random_model(tiny_config("hybrid", vocab=61, hidden=32, layers=4), seed=0)
+    first = train.heldout_loss(m, stream, 16, 8, 0)
+    for model, muon in ((m, True), (adamw, False)):
+        train.train_lm(model, stream, steps=30, batch=4, seq=16, lr=1e-2, seed=4, desc="t", log=None, muon=muon)
+    assert train.heldout_loss(m, stream, 16, 8, 0) < first - 0.5
+    # the matrices moved otherwise than under AdamW; what AdamW trains in both runs moved alike
+    assert not torch.allclose(train.matrices(m)[0], train.matrices(adamw)[0], atol=1e-3)
