@@ -40,6 +40,8 @@ def main() -> int:
     ap.add_argument("--input-norm", help="input norms off / on: 0, 1 or 0,1 (default: the recipe's)")
     ap.add_argument("--anchors", help="blocks per training sequence, e.g. 8,32 (default: the recipe's)")
     ap.add_argument("--lr", help="learning rates, e.g. 2e-3,3e-3 (default: the recipe's, for the kind)")
+    ap.add_argument("--optimizer", help="adamw, muon or adamw,muon: what trains the drafter's matrices "
+                                        "(train.matrices; default: the recipe's drafter_optimizer)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a recipe field (repeatable), e.g. --set vocab=8192 --set eval_prompts=64")
     ap.add_argument("--device", default="cpu")
@@ -67,20 +69,24 @@ def main() -> int:
     anchors = [int(x) for x in args.anchors.split(",")] if args.anchors else [r.anchors]
     flags = lambda text, default: [bool(int(x)) for x in text.split(",")] if text else [default]  # noqa: E731
     leads = flags(args.lead, r.block_lead) if args.kind == "block" else [False]
-    grid = [(lead, norm, layers, steps, lr, a) for lead in leads for norm in flags(args.input_norm, r.input_norm)
+    optimizers = args.optimizer.split(",") if args.optimizer else [r.drafter_optimizer]
+    if bad := [o for o in optimizers if o not in ("adamw", "muon")]:
+        ap.error(f"--optimizer {','.join(bad)}: expected adamw and/or muon")
+    grid = [(lead, norm, layers, steps, lr, a, opt) for lead in leads for norm in flags(args.input_norm, r.input_norm)
             for layers in [int(x) for x in args.layers.split(",")] for steps in [int(x) for x in args.steps.split(",")]
-            for lr in lrs for a in anchors]
-    for lead, norm, layers, steps, lr, a in grid:
+            for lr in lrs for a in anchors for opt in optimizers]
+    for lead, norm, layers, steps, lr, a, opt in grid:
         dcfg = dataclasses.replace(B.drafter_config(r, args.kind, cfg), num_hidden_layers=layers, lead_token=lead,
                                    input_norm=norm)
         t = time.perf_counter()
         net = train.train_drafter(dcfg, target, seqs, feats, r.prompt_len, steps, batch, lr, r.seed + 5,
                                   f"{args.kind} {layers}L {steps} lr {lr:g} anchors {a}{' lead' if lead else ''}"
-                                  f"{' norm' if norm else ''}", print, anchors=a)
+                                  f"{' norm' if norm else ''} {opt}", print, anchors=a, muon=opt == "muon")
         train_s = time.perf_counter() - t
         net = B.as_stored(net, getattr(torch, r.store_dtype))
         per_prompt = {k: B.prompt_taus(target, FeatureDrafter(net, target), cs, r.block) for k, cs in conts.items()}
-        result["runs"].append({"kind": args.kind, "lead_token": lead, "input_norm": norm, "layers": layers, "steps": steps, "lr": lr, "anchors": a, "train_s": train_s,
+        result["runs"].append({"kind": args.kind, "lead_token": lead, "input_norm": norm, "layers": layers, "steps": steps,
+                               "lr": lr, "anchors": a, "optimizer": opt, "train_s": train_s,
                                "tau": {k: B.pooled_tau(v) for k, v in per_prompt.items()},
                                "tau_per_prompt": {k: [B.pooled_tau([t]) for t in v] for k, v in per_prompt.items()}})
         print(json.dumps({k: v for k, v in result["runs"][-1].items() if k != "tau_per_prompt"}), flush=True)

@@ -89,6 +89,7 @@ class Recipe:
     anchors: int = 4  # blocks per training sequence (block kinds)
     store_dtype: str = "bfloat16"
     target_optimizer: str = "adamw"  # "muon": the targets' block matrices train with train.Muon (the rest AdamW)
+    drafter_optimizer: str = "adamw"  # "muon": the feature drafters' matrices (train.matrices) train with train.Muon
     compile_target: bool = False  # on a GPU, train the target through torch.compile (eager if it fails)
     compile_scope: str = "block"  # what one compiled graph holds: "block" or the whole "model" (train.compiled_loss)
     triton_gdn: bool = False  # on a GPU, hybrid targets train with the Triton delta rule (kernels/gdn_chunk.py)
@@ -102,8 +103,9 @@ class Recipe:
     tokenizer_sample: float = 1.0  # share of the training files the tokenizer learns its merges on
 
     def __post_init__(self) -> None:
-        if self.target_optimizer not in ("adamw", "muon"):
-            raise ValueError(f"recipe {self.name}: target_optimizer {self.target_optimizer!r} is not 'adamw' or 'muon'")
+        for field in ("target_optimizer", "drafter_optimizer"):
+            if getattr(self, field) not in ("adamw", "muon"):
+                raise ValueError(f"recipe {self.name}: {field} {getattr(self, field)!r} is not 'adamw' or 'muon'")
         if self.compile_scope not in ("block", "model"):
             raise ValueError(f"recipe {self.name}: compile_scope {self.compile_scope!r} is not 'block' or 'model'")
 
@@ -459,7 +461,8 @@ def build_role(r: Recipe, role: str, inp: Inputs, out: Path, device: str, log, t
         steps, batch, lr = r.training(kind, role)
         net = train.train_drafter(drafter_config(r, kind, cfg), target, seqs, feats, r.prompt_len,
                                   steps, batch, lr, r.seed + 5, f"{role} {kind} drafter", log,
-                                  anchors=r.anchors, body=block, graph=r.cuda_graphs)
+                                  anchors=r.anchors, body=block, graph=r.cuda_graphs,
+                                  muon=r.drafter_optimizer == "muon")
         timings[f"{role}_{kind}_s"] = time.perf_counter() - t
         name = f"{role}-{kind.replace('_', '-')}"
         save_drafter(net, out / name, dtype=sdt)

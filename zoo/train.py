@@ -62,11 +62,11 @@ def fit(params, steps: int, lr: float, loss_fn: Callable[[torch.Tensor], torch.T
     warmup, n_tail = max(1, steps // 20), max(1, steps // 10)
     sched = [lr_at(s, steps, lr, warmup) for s in range(steps)]
     lr_dev = torch.tensor(sched, device=dev) if cuda else None
-    rest = [p for p in params if id(p) not in mats]
+    rest, ortho = [p for p in params if id(p) not in mats], [p for p in params if id(p) in mats]
     opts = [torch.optim.AdamW(rest, lr=torch.tensor(lr, device=dev) if cuda else lr, betas=(0.9, 0.95),
                               weight_decay=0.01, fused=cuda, capturable=cuda)] if rest else []
-    if mats:
-        opts.append(Muon([p for p in params if id(p) in mats], lr=torch.tensor(lr, device=dev) if cuda else lr))
+    if ortho:
+        opts.append(Muon(ortho, lr=torch.tensor(lr, device=dev) if cuda else lr))
     step_t = torch.zeros(1, dtype=torch.long, device=dev)
     losses = torch.zeros(steps, device=dev)
 
@@ -160,10 +160,13 @@ class Muon(torch.optim.Optimizer):
                 torch._foreach_sub_(ps, list(upd.unbind(0)))
 
 
-def matrices(model: torch.nn.Module) -> list[torch.Tensor]:
-    """The 2-D weights of a model's blocks (what `Muon` trains): not the embeddings, the LM head,
-    norms, biases or convolutions."""
-    return [p for p in model.model.layers.parameters() if p.ndim == 2]
+def matrices(module: Model | FeatureDrafterNet) -> list[torch.Tensor]:
+    """What `Muon` trains: the 2-D weights of a model's blocks, or of a feature drafter's blocks and
+    its input projections (fc_feat, fc_in) — not embeddings, LM heads, norms, biases,
+    convolutions, a block drafter's mask embedding or a Markov head."""
+    if isinstance(module, Model):
+        return [p for p in module.model.layers.parameters() if p.ndim == 2]
+    return [p for p in module.layers.parameters() if p.ndim == 2] + [module.fc_feat.weight, module.fc_in.weight]
 
 
 def warm_up(fn) -> None:
@@ -460,10 +463,12 @@ def drafter_loss(net: FeatureDrafterNet, emb: torch.Tensor, head: torch.Tensor, 
 
 def train_drafter(cfg: DraftConfig, target: Model, seqs: torch.Tensor, feats: torch.Tensor, start: int,
                   steps: int, batch: int, lr: float, seed: int, desc: str, log: Log | None,
-                  anchors: int = 4, body: FeatureDrafterNet | None = None, graph: bool = False) -> FeatureDrafterNet:
+                  anchors: int = 4, body: FeatureDrafterNet | None = None, graph: bool = False,
+                  muon: bool = False) -> FeatureDrafterNet:
     """A drafter of cfg.kind trained from scratch; for `block_markov`, `body` is the trained block
     drafter it extends: its weights are copied and frozen, and only the Markov head trains (as a
-    DSpark head is added to a DFlash drafter). `graph`: on a GPU, steps replay a CUDA graph (`fit`)."""
+    DSpark head is added to a DFlash drafter). `graph`: on a GPU, steps replay a CUDA graph (`fit`);
+    `muon`: its `matrices` train with `Muon`, the rest with AdamW."""
     dev = target.lm_head_weight.device
     net = randomize(FeatureDrafterNet(cfg), seed).to(dev)
     if cfg.kind == "block_markov":
@@ -484,7 +489,7 @@ def train_drafter(cfg: DraftConfig, target: Model, seqs: torch.Tensor, feats: to
         return drafter_loss(net, emb, head, seqs[rows].to(dev), feats[rows].to(dev), start,
                             None if picks is None else picks[step][0])
 
-    fit(net.parameters(), steps, lr, loss_fn, desc, log, graph=graph)
+    fit(net.parameters(), steps, lr, loss_fn, desc, log, graph=graph, matrices=matrices(net) if muon else ())
     return net.eval()
 
 

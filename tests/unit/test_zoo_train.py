@@ -153,13 +153,16 @@ def test_training_is_deterministic():
     assert l1 == l2 and all(torch.equal(a, b) for a, b in zip(p1, p2))
 
 
-def test_markov_head_trains_alone_on_the_frozen_block_drafter():
+@pytest.mark.parametrize("muon", [False, True])
+def test_markov_head_trains_alone_on_the_frozen_block_drafter(muon):
+    """With `muon` too: the frozen body holds every matrix Muon would train, so AdamW trains the head alone."""
     target = random_model(tiny_config("qwen3", vocab=61), seed=3)
     seqs = torch.randint(1, 61, (4, 24), generator=torch.Generator().manual_seed(5))
     feats = target(seqs, feature_layers=(0, 2, 3)).features.float()
     block = random_drafter_net("block", target.cfg, seed=9, block=6, target_layers=[0, 2, 3])
     cfg = random_drafter_net("block_markov", target.cfg, block=6, target_layers=[0, 2, 3]).cfg
-    kw = dict(target=target, seqs=seqs, feats=feats, start=8, steps=3, batch=2, lr=1e-2, seed=1, desc="t", log=None)
+    kw = dict(target=target, seqs=seqs, feats=feats, start=8, steps=3, batch=2, lr=1e-2, seed=1, desc="t", log=None,
+              muon=muon)
     with pytest.raises(ValueError, match="extends a trained block drafter"):
         train.train_drafter(cfg, **kw)
     markov = train.train_drafter(cfg, body=block, **kw)
@@ -230,3 +233,33 @@ def test_train_lm_with_muon_trains_the_blocks_matrices_with_muon_and_the_rest_wi
     assert train.heldout_loss(m, stream, 16, 8, 0) < first - 0.5
     # the matrices moved otherwise than under AdamW; what AdamW trains in both runs moved alike
     assert not torch.allclose(train.matrices(m)[0], train.matrices(adamw)[0], atol=1e-3)
+
+
+def test_a_drafters_matrices_are_its_blocks_and_input_projections():
+    target = random_model(tiny_config("qwen3", vocab=61), seed=3)
+    net = random_drafter_net("block_markov", target.cfg, seed=9, block=6, target_layers=[0, 2, 3])
+    mats = {id(p) for p in train.matrices(net)}
+    assert {id(net.fc_feat.weight), id(net.fc_in.weight)} <= mats
+    assert {id(p) for p in net.layers.parameters() if p.ndim == 2} <= mats
+    for name, p in net.named_parameters():
+        if name.startswith(("markov_", "mask_embedding")) or p.ndim != 2:
+            assert id(p) not in mats, name
+
+
+def test_drafter_training_with_muon_moves_its_matrices_otherwise_and_lowers_the_loss():
+    target = random_model(tiny_config("qwen3", vocab=61), seed=3)
+    seqs = torch.randint(1, 61, (8, 24), generator=torch.Generator().manual_seed(5)) % 5 + 1  # learnable
+    feats = target(seqs, feature_layers=(0, 2, 3)).features.float().detach()
+    cfg = random_drafter_net("block", target.cfg, block=6, target_layers=[0, 2, 3]).cfg
+    kw = dict(target=target, seqs=seqs, feats=feats, start=8, batch=4, lr=1e-2, seed=1, desc="t", log=None)
+    idx, picks = train.drafter_batches("block", seqs, 8, 6, 1, 8, 4, 7)
+
+    def loss(net):
+        with torch.no_grad():
+            return float(train.drafter_loss(net, target.model.embed_tokens.weight, target.lm_head_weight,
+                                            seqs, feats, 8, picks[0]))
+
+    first = loss(train.train_drafter(cfg, steps=0, **kw))
+    adamw, muon = (train.train_drafter(cfg, steps=30, muon=m, **kw) for m in (False, True))
+    assert loss(muon) < first - 0.5
+    assert not torch.allclose(muon.fc_in.weight, adamw.fc_in.weight, atol=1e-3)
