@@ -129,8 +129,8 @@ def orthogonalized(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
 
 class Muon(torch.optim.Optimizer):
     """Momentum orthogonalized (Muon) for 2-D weights: Nesterov momentum, then each update replaced
-    by `orthogonalized` of it and scaled by 0.2·√max(m, n), the RMS an AdamW update of that matrix
-    has, so one learning rate and decoupled weight decay serve both optimizers. Matrices of one
+    by `orthogonalized` of it and scaled by 0.2·√max(m, n): an RMS of 0.2 per entry, about an AdamW
+    update's, so one learning rate and decoupled weight decay serve both optimizers. Matrices of one
     shape are orthogonalized together (batched products); `lr` may be a tensor (CUDA graphs)."""
 
     def __init__(self, params, lr, momentum: float = 0.95, weight_decay: float = 0.01):
