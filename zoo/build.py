@@ -77,7 +77,7 @@ class Recipe:
     markov_steps: int = 150  # the Markov head trains alone, on the frozen block drafter
     markov_lr: float = 6e-3
     draft_lm_steps: int = 300
-    draft_lm_lr: float | None = None  # the draft LM's AdamW learning rate (None: target_lr)
+    draft_lm_lr: float = 3e-3  # the draft LM's (AdamW), corpus and distillation steps alike
     draft_lm_corpus_steps: int = 0  # steps on the corpus itself before the draft LM's distillation steps
     eval_prompts: int = 8
     eval_new_tokens: int = 64
@@ -142,7 +142,7 @@ PRESETS = {
     "small": Recipe("small", vocab=16384, target=Shape(512, 8, 8, 4, 1536), draft_lm=Shape(256, 4, 4, 2, 768),
                     target_steps=3000, target_batch=64, seq=512, target_lr=6e-3, target_optimizer="muon",
                     compile_target=True, compile_scope="model",
-                    draft_lm_corpus_steps=1200, draft_lm_lr=3e-3,
+                    draft_lm_corpus_steps=1200,
                     distill_seqs=12288, prompt_len=64, gen_len=192,
                     drafter_steps=1200, drafter_batch=64, sequential_batch=32, drafter_lr=1e-3, anchors=8, block_layers=2,
                     block_steps=3600, draft_lm_steps=100, eval_prompts=8, eval_new_tokens=64, markov_rank=64, markov_steps=600,
@@ -391,8 +391,8 @@ def corpus_draft_lm(r: Recipe, train_ids: torch.Tensor, device: str, log) -> dic
     both roles start their draft LMs from it and a build trains it once."""
     lm = new_draft_lm(r, device)
     if r.draft_lm_corpus_steps:
-        train.train_lm(lm, train_ids, r.draft_lm_corpus_steps, r.target_batch, r.seq, r.draft_lm_lr or r.target_lr,
-                       r.seed + 8, "draft LM (corpus)", log, device, graph=r.cuda_graphs)
+        train.train_lm(lm, train_ids, r.draft_lm_corpus_steps, r.target_batch, r.seq, r.draft_lm_lr, r.seed + 8,
+                       "draft LM (corpus)", log, device, graph=r.cuda_graphs)
     return {k: v.detach().cpu() for k, v in lm.state_dict().items()}
 
 
@@ -482,8 +482,8 @@ def build_role(r: Recipe, role: str, inp: Inputs, out: Path, device: str, log, t
     lm = Model(draft_lm_config(r))
     lm.load_state_dict(lm_base())
     lm = lm.to(device)
-    train.train_lm(lm, seqs.flatten(), r.draft_lm_steps, r.target_batch, r.seq, r.draft_lm_lr or r.target_lr,
-                   r.seed + 7, f"{role} draft LM", log, device, graph=r.cuda_graphs)
+    train.train_lm(lm, seqs.flatten(), r.draft_lm_steps, r.target_batch, r.seq, r.draft_lm_lr, r.seed + 7,
+                   f"{role} draft LM", log, device, graph=r.cuda_graphs)
     timings[f"{role}_draft_lm_s"] = time.perf_counter() - t
     name = f"{role}-draft-lm"
     lm_loss, lm_bpb = train.heldout_eval(lm, held_ids, r.seq, 64, r.seed + 3, device, byte_len)
