@@ -29,6 +29,13 @@ from specpilot.zoo import build as B  # noqa: E402
 from specpilot.zoo import train  # noqa: E402
 
 
+def reach(per_prompt: list[list[int]], upto: int = 6) -> list[float]:
+    """Share of decoding steps (every prompt's, pooled) whose τ is at least k, k = 2..upto: how far
+    along the block a chain's acceptance gets."""
+    steps = [t for p in per_prompt for t in p]
+    return [sum(t >= k for t in steps) / max(1, len(steps)) for k in range(2, upto + 1)]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--preset", default="small")
@@ -42,6 +49,8 @@ def main() -> int:
     ap.add_argument("--lr", help="learning rates, e.g. 2e-3,3e-3 (default: the recipe's, for the kind)")
     ap.add_argument("--optimizer", help="adamw, muon or adamw,muon: what trains the drafter's matrices "
                                         "(train.matrices; default: the recipe's drafter_optimizer)")
+    ap.add_argument("--context-weight", help="a context row's loss weight against a mask row's, e.g. 0.25,1 "
+                                             "(block kind; default: the recipe's context_weight)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a recipe field (repeatable), e.g. --set vocab=8192 --set eval_prompts=64")
     ap.add_argument("--device", default="cpu")
@@ -72,22 +81,26 @@ def main() -> int:
     optimizers = args.optimizer.split(",") if args.optimizer else [r.drafter_optimizer]
     if bad := [o for o in optimizers if o not in ("adamw", "muon")]:
         ap.error(f"--optimizer {','.join(bad)}: expected adamw and/or muon")
-    grid = [(lead, norm, layers, steps, lr, a, opt) for lead in leads for norm in flags(args.input_norm, r.input_norm)
+    cws = [float(x) for x in args.context_weight.split(",")] if args.context_weight else [r.context_weight]
+    grid = [(lead, norm, layers, steps, lr, a, opt, cw) for lead in leads
+            for norm in flags(args.input_norm, r.input_norm)
             for layers in [int(x) for x in args.layers.split(",")] for steps in [int(x) for x in args.steps.split(",")]
-            for lr in lrs for a in anchors for opt in optimizers]
-    for lead, norm, layers, steps, lr, a, opt in grid:
+            for lr in lrs for a in anchors for opt in optimizers for cw in cws]
+    for lead, norm, layers, steps, lr, a, opt, cw in grid:
         dcfg = dataclasses.replace(B.drafter_config(r, args.kind, cfg), num_hidden_layers=layers, lead_token=lead,
                                    input_norm=norm)
         t = time.perf_counter()
         net = train.train_drafter(dcfg, target, seqs, feats, r.prompt_len, steps, batch, lr, r.seed + 5,
                                   f"{args.kind} {layers}L {steps} lr {lr:g} anchors {a}{' lead' if lead else ''}"
-                                  f"{' norm' if norm else ''} {opt}", print, anchors=a, muon=opt == "muon")
+                                  f"{' norm' if norm else ''} {opt} context {cw:g}", print, anchors=a,
+                                  muon=opt == "muon", context_weight=cw, graph=r.cuda_graphs)
         train_s = time.perf_counter() - t
         net = B.as_stored(net, getattr(torch, r.store_dtype))
         per_prompt = {k: B.prompt_taus(target, FeatureDrafter(net, target), cs, r.block) for k, cs in conts.items()}
         result["runs"].append({"kind": args.kind, "lead_token": lead, "input_norm": norm, "layers": layers, "steps": steps,
-                               "lr": lr, "anchors": a, "optimizer": opt, "train_s": train_s,
+                               "lr": lr, "anchors": a, "optimizer": opt, "context_weight": cw, "train_s": train_s,
                                "tau": {k: B.pooled_tau(v) for k, v in per_prompt.items()},
+                               "reach": {k: reach(v) for k, v in per_prompt.items()},
                                "tau_per_prompt": {k: [B.pooled_tau([t]) for t in v] for k, v in per_prompt.items()}})
         print(json.dumps({k: v for k, v in result["runs"][-1].items() if k != "tau_per_prompt"}), flush=True)
         Path(args.out).write_text(json.dumps(result, indent=1))

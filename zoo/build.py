@@ -87,6 +87,7 @@ class Recipe:
     workload_files: float = 1.0  # stable share of the training files searched for those prompts
     gen_batch: int = 128  # prompts per batched greedy-continuation pass (large on a GPU)
     anchors: int = 4  # blocks per training sequence (block kinds)
+    context_weight: float = 1.0  # block kinds: a context row's loss weight against a mask row's (train.drafter_loss)
     store_dtype: str = "bfloat16"
     target_optimizer: str = "adamw"  # "muon": the targets' block matrices train with train.Muon (the rest AdamW)
     drafter_optimizer: str = "adamw"  # "muon": the feature drafters' matrices (train.matrices) train with train.Muon
@@ -462,7 +463,7 @@ def build_role(r: Recipe, role: str, inp: Inputs, out: Path, device: str, log, t
         net = train.train_drafter(drafter_config(r, kind, cfg), target, seqs, feats, r.prompt_len,
                                   steps, batch, lr, r.seed + 5, f"{role} {kind} drafter", log,
                                   anchors=r.anchors, body=block, graph=r.cuda_graphs,
-                                  muon=r.drafter_optimizer == "muon")
+                                  muon=r.drafter_optimizer == "muon", context_weight=r.context_weight)
         timings[f"{role}_{kind}_s"] = time.perf_counter() - t
         name = f"{role}-{kind.replace('_', '-')}"
         save_drafter(net, out / name, dtype=sdt)

@@ -410,11 +410,15 @@ def drafter_batches(kind: str, seqs: torch.Tensor, start: int, m: int, steps: in
 
 
 def drafter_loss(net: FeatureDrafterNet, emb: torch.Tensor, head: torch.Tensor, seqs: torch.Tensor,
-                 feats: torch.Tensor, start: int, picks: torch.Tensor | None = None, unroll: int = 3):
+                 feats: torch.Tensor, start: int, picks: torch.Tensor | None = None, unroll: int = 3,
+                 context_weight: float = 1.0):
     """Mean weighted cross-entropy of one batch. seqs [B, L] tokens, feats [B, L, F] target features;
     only rows predicting tokens at index ≥ start (the target's greedy region) count. picks: the
     block kinds' anchors (last committed positions, a long tensor on seqs' device), in
-    `anchor_range`. Nothing here waits for the device: a CUDA graph can hold it (`fit`)."""
+    `anchor_range`. context_weight (block kinds): each context row's weight (it drafts position 1)
+    against a mask row's position weight (`position_weights`: 0.88 for position 2); with L-2 context
+    rows and a few anchors, the context rows hold most of the loss at 1. Nothing here waits for the
+    device: a CUDA graph can hold it (`fit`)."""
     B, L = seqs.shape
     dev = seqs.device
     ctx = L - 2  # context rows t = 0..L-3 predict token t+2 ≤ L-1
@@ -453,7 +457,7 @@ def drafter_loss(net: FeatureDrafterNet, emb: torch.Tensor, head: torch.Tensor, 
         _, logits = net(x, head, positions=pos.expand(B, -1), tree_mask=mask, logits_from=lo)
     lab = torch.cat((labels_ctx, seqs[:, block_span(picks, 3, m - 1)]), 1)  # row at t → token t+2
     w_block = position_weights(m, device=dev)[1:]  # mask row j is drafted position j+1
-    weight = torch.cat((valid_ctx.float(), w_block.repeat(n_anchor))).expand(B, -1)
+    weight = torch.cat((valid_ctx.float() * context_weight, w_block.repeat(n_anchor))).expand(B, -1)
     if kind == "block":
         return ce(logits, lab[:, lo:], weight[:, lo:])
     # Markov head on the frozen block body: parent = the token right before the predicted one (t+1)
@@ -464,11 +468,11 @@ def drafter_loss(net: FeatureDrafterNet, emb: torch.Tensor, head: torch.Tensor, 
 def train_drafter(cfg: DraftConfig, target: Model, seqs: torch.Tensor, feats: torch.Tensor, start: int,
                   steps: int, batch: int, lr: float, seed: int, desc: str, log: Log | None,
                   anchors: int = 4, body: FeatureDrafterNet | None = None, graph: bool = False,
-                  muon: bool = False) -> FeatureDrafterNet:
+                  muon: bool = False, context_weight: float = 1.0) -> FeatureDrafterNet:
     """A drafter of cfg.kind trained from scratch; for `block_markov`, `body` is the trained block
     drafter it extends: its weights are copied and frozen, and only the Markov head trains (as a
     DSpark head is added to a DFlash drafter). `graph`: on a GPU, steps replay a CUDA graph (`fit`);
-    `muon`: its `matrices` train with `Muon`, the rest with AdamW."""
+    `muon`: its `matrices` train with `Muon`, the rest with AdamW; `context_weight`: `drafter_loss`'s."""
     dev = target.lm_head_weight.device
     net = randomize(FeatureDrafterNet(cfg), seed).to(dev)
     if cfg.kind == "block_markov":
@@ -487,7 +491,7 @@ def train_drafter(cfg: DraftConfig, target: Model, seqs: torch.Tensor, feats: to
     def loss_fn(step):
         rows = idx[step][0]
         return drafter_loss(net, emb, head, seqs[rows].to(dev), feats[rows].to(dev), start,
-                            None if picks is None else picks[step][0])
+                            None if picks is None else picks[step][0], context_weight=context_weight)
 
     fit(net.parameters(), steps, lr, loss_fn, desc, log, graph=graph, matrices=matrices(net) if muon else ())
     return net.eval()
