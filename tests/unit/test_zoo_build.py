@@ -135,6 +135,8 @@ def test_recipe_overrides_parse_as_the_field_type_and_name_bad_ones():
         B.with_overrides(r, ["compile_scope=graph"])
     with pytest.raises(ValueError, match="drafter_optimizer 'sgd' is not 'adamw' or 'muon'"):
         B.with_overrides(r, ["drafter_optimizer=sgd"])
+    with pytest.raises(ValueError, match="context_weight -0.5 is not a weight"):
+        B.with_overrides(r, ["context_weight=-0.5"])
 
 
 def test_roles_built_side_by_side_equal_the_roles_built_in_turn(tmp_path):

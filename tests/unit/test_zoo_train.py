@@ -99,16 +99,18 @@ def test_block_mask_by_definition():
     assert mask[11:, :6].all() and not mask[11:, 6:8].any() and not mask[11:, 8:11].any()
 
 
-@pytest.mark.parametrize("kind", ["block", "block_markov"])
-def test_block_loss_equals_a_block_by_block_reference(kind):
+@pytest.mark.parametrize("kind,context_weight", [("block", 1.0), ("block_markov", 1.0), ("block", 0.25),
+                                                 ("block_markov", 0.0)])
+def test_block_loss_equals_a_block_by_block_reference(kind, context_weight):
     """drafter_loss gathers every anchor's rows, labels and parents at once (tensor anchors, so a
-    CUDA graph can hold it); built block by block from block_rows and slices, the loss is the same."""
+    CUDA graph can hold it); built block by block from block_rows and slices, the loss is the same.
+    Each context row weighs context_weight against a mask row's position weight (0: mask rows only)."""
     n, m, start = net(kind, lead_token=True), 6, 8
     emb, head = TARGET.model.embed_tokens.weight, TARGET.lm_head_weight
     seqs = torch.randint(1, 61, (3, 22), generator=torch.Generator().manual_seed(4))
     feats = TARGET(seqs, feature_layers=(0, 2, 3)).features
     picks = torch.tensor([7, 12, 9])
-    got = train.drafter_loss(n, emb, head, seqs, feats, start, picks)
+    got = train.drafter_loss(n, emb, head, seqs, feats, start, picks, context_weight=context_weight)
 
     B, L = seqs.shape
     ctx, lo, ps = L - 2, train.anchor_range(L, start, m)[0], picks.tolist()
@@ -120,7 +122,8 @@ def test_block_loss_equals_a_block_by_block_reference(kind):
     if kind == "block_markov":
         parents = torch.cat([seqs[:, 1 : ctx + 1]] + [seqs[:, p + 2 : p + m + 1] for p in ps], 1)
         logits = n.markov_logits(logits, parents, emb)
-    w = torch.cat([(torch.arange(ctx) + 2 >= start).double()] + [train.position_weights(m)[1:].double()] * len(ps))
+    w = torch.cat([(torch.arange(ctx) + 2 >= start).double() * context_weight]
+                  + [train.position_weights(m)[1:].double()] * len(ps))
     nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(B, -1)
     ref = (nll[:, lo:] * w[lo:]).sum() / (B * w[lo:].sum())
     torch.testing.assert_close(got, ref.to(got.dtype), rtol=1e-5, atol=1e-6)
