@@ -92,8 +92,8 @@ def main() -> int:
         t = time.perf_counter()
         net = train.train_drafter(dcfg, target, seqs, feats, r.prompt_len, steps, batch, lr, r.seed + 5,
                                   f"{args.kind} {layers}L {steps} lr {lr:g} anchors {a}{' lead' if lead else ''}"
-                                  f"{' norm' if norm else ''} {opt} context {cw:g}", print, anchors=a,
-                                  muon=opt == "muon", context_weight=cw, graph=r.cuda_graphs)
+                                  f"{' norm' if norm else ''} {opt} context {cw:g}", print,
+                                  **B.drafter_options(r) | {"anchors": a, "muon": opt == "muon", "context_weight": cw})
         train_s = time.perf_counter() - t
         net = B.as_stored(net, getattr(torch, r.store_dtype))
         per_prompt = {k: B.prompt_taus(target, FeatureDrafter(net, target), cs, r.block) for k, cs in conts.items()}

@@ -29,20 +29,13 @@ from zoo_realism import heldout_docs, measure  # noqa: E402
 
 from specpilot.zoo import build as B  # noqa: E402
 from specpilot.zoo import tokenizer as tok_mod  # noqa: E402
-from specpilot.zoo import train, workloads  # noqa: E402
-
-
-def train_steps(r: B.Recipe, target, train_ids: torch.Tensor, n: int, device: str, desc: str = "step") -> None:
-    """n more of the build's training steps of `target` (`train.train_lm`; a compiled step is
-    compiled once, on the first call)."""
-    train.train_lm(target, train_ids, n, r.target_batch, r.seq, r.target_lr, r.seed + 2, desc, None, device,
-                   compile=r.compile_target, scope=r.compile_scope, muon=r.target_optimizer == "muon")
+from specpilot.zoo import workloads  # noqa: E402
 
 
 def trainer(r: B.Recipe, hybrid: bool, train_ids: torch.Tensor, device: str):
-    """run(n): seconds of n more training steps of one fresh target of the role (`train_steps`)."""
+    """run(n): seconds of n more training steps of one fresh target of the role (`build.target_steps`)."""
     target = B.new_target(r, hybrid, device)
-    return lambda n: seconds(lambda: train_steps(r, target, train_ids, n, device), device)
+    return lambda n: seconds(lambda: B.target_steps(r, target, train_ids, n, device, "step", None), device)
 
 
 def step_seconds(r: B.Recipe, hybrid: bool, train_ids: torch.Tensor, device: str, steps: int = 12,
@@ -96,7 +89,7 @@ def side_by_side(r: B.Recipe, roles: list[str], train_ids: torch.Tensor, device:
 
 
 def in_threads(r: B.Recipe, train_ids: torch.Tensor, steps: int) -> dict:
-    """Both roles trained by `train.train_lm` in ONE process, each in its own thread on its own CUDA
+    """Both roles trained by `build.target_steps` in ONE process, each in its own thread on its own CUDA
     stream, so that kernels of both may run at once (two processes only take turns on the GPU).
     Each role first warms up (compiles) alone, then is timed alone for `steps` steps; then both run
     together, the dense role given as many steps as take it as long alone as the hybrid's `steps`.
@@ -108,7 +101,7 @@ def in_threads(r: B.Recipe, train_ids: torch.Tensor, steps: int) -> dict:
     def run(role: str, n: int) -> None:
         target, stream = roles[role]
         with torch.cuda.stream(stream):
-            train_steps(r, target, train_ids, n, "cuda", role)
+            B.target_steps(r, target, train_ids, n, "cuda", role, None)
 
     got: dict = {}
     for role in roles:

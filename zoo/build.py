@@ -263,14 +263,25 @@ def new_target(r: Recipe, hybrid: bool, device: str) -> Model:
     return target
 
 
+def target_steps(r: Recipe, target: Model, train_ids: torch.Tensor, steps: int, device: str, desc: str, log) -> None:
+    """`steps` more of the recipe's training steps of `target` on the corpus (`train.train_lm`; a
+    compiled step is compiled once, on the first call)."""
+    train.train_lm(target, train_ids, steps, r.target_batch, r.seq, r.target_lr, r.seed + 2, desc, log, device,
+                   compile=r.compile_target, scope=r.compile_scope, muon=r.target_optimizer == "muon")
+
+
 def train_target(r: Recipe, hybrid: bool, train_ids: torch.Tensor, device: str, log) -> Model:
     """The preset's dense or hybrid target, trained on the corpus (float32, in training precision)."""
     target = new_target(r, hybrid, device)
     steps = r.target_steps if hybrid else r.dense_steps or r.target_steps
-    train.train_lm(target, train_ids, steps, r.target_batch, r.seq, r.target_lr, r.seed + 2,
-                   f"{'hybrid' if hybrid else 'dense'} target", log, device, compile=r.compile_target,
-                   scope=r.compile_scope, muon=r.target_optimizer == "muon")
+    target_steps(r, target, train_ids, steps, device, f"{'hybrid' if hybrid else 'dense'} target", log)
     return target
+
+
+def drafter_options(r: Recipe) -> dict:
+    """The recipe's keyword arguments of `train.train_drafter` besides shapes, steps and rates."""
+    return {"anchors": r.anchors, "graph": r.cuda_graphs, "muon": r.drafter_optimizer == "muon",
+            "context_weight": r.context_weight}
 
 
 def distillation_data(r: Recipe, target: Model, train_ids: torch.Tensor, fn_prompts: list[list[int]],
@@ -466,9 +477,8 @@ def build_role(r: Recipe, role: str, inp: Inputs, out: Path, device: str, log, t
         t = time.perf_counter()
         steps, batch, lr = r.training(kind, role)
         net = train.train_drafter(drafter_config(r, kind, cfg), target, seqs, feats, r.prompt_len,
-                                  steps, batch, lr, r.seed + 5, f"{role} {kind} drafter", log,
-                                  anchors=r.anchors, body=block, graph=r.cuda_graphs,
-                                  muon=r.drafter_optimizer == "muon", context_weight=r.context_weight)
+                                  steps, batch, lr, r.seed + 5, f"{role} {kind} drafter", log, body=block,
+                                  **drafter_options(r))
         timings[f"{role}_{kind}_s"] = time.perf_counter() - t
         name = f"{role}-{kind.replace('_', '-')}"
         save_drafter(net, out / name, dtype=sdt)

@@ -63,10 +63,11 @@ def fit(params, steps: int, lr: float, loss_fn: Callable[[torch.Tensor], torch.T
     sched = [lr_at(s, steps, lr, warmup) for s in range(steps)]
     lr_dev = torch.tensor(sched, device=dev) if cuda else None
     rest, ortho = [p for p in params if id(p) not in mats], [p for p in params if id(p) in mats]
-    opts = [torch.optim.AdamW(rest, lr=torch.tensor(lr, device=dev) if cuda else lr, betas=(0.9, 0.95),
-                              weight_decay=0.01, fused=cuda, capturable=cuda)] if rest else []
+    start_lr = lambda: torch.tensor(lr, device=dev) if cuda else lr  # noqa: E731 — each optimizer its own
+    opts = [torch.optim.AdamW(rest, lr=start_lr(), betas=(0.9, 0.95), weight_decay=0.01, fused=cuda,
+                              capturable=cuda)] if rest else []
     if ortho:
-        opts.append(Muon(ortho, lr=torch.tensor(lr, device=dev) if cuda else lr))
+        opts.append(Muon(ortho, lr=start_lr()))
     step_t = torch.zeros(1, dtype=torch.long, device=dev)
     losses = torch.zeros(steps, device=dev)
 
