@@ -5,7 +5,7 @@ zoo target.
   python bench/zoo_block_sweep.py --preset small --device cuda --out results.json   (GPU machine)
 
 Trains the preset's dense (or hybrid) target and its distillation data exactly as `zoo build`
-does, then drafters of `--kind` for each setting of the grid (the rest of the recipe unchanged), and
+does (or, with --zoo, takes a built set's target, tokenizer and recipe), then drafters of `--kind` for each setting of the grid (the rest of the recipe unchanged), and
 measures each one's stock-chain τ on the build's HumanEval and held-out stdlib prompts.
 """
 
@@ -24,8 +24,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import git_sha, recipe  # noqa: E402
 
+from specpilot.engine.checkpoint import load_model  # noqa: E402
 from specpilot.engine.drafters import FeatureDrafter  # noqa: E402
 from specpilot.zoo import build as B  # noqa: E402
+from specpilot.zoo import tokenizer as tok_mod  # noqa: E402
 from specpilot.zoo import train  # noqa: E402
 
 
@@ -53,18 +55,27 @@ def main() -> int:
                                              "(block kind; default: the recipe's context_weight)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a recipe field (repeatable), e.g. --set vocab=8192 --set eval_prompts=64")
+    ap.add_argument("--zoo", help="a built set's folder (its zoo.json): sweep drafters of its --role target, "
+                                   "with its recipe and tokenizer, instead of training a target")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    r = recipe(ap, args)
+    r, tok, built = recipe(ap, args), None, None
+    if args.zoo:
+        try:
+            manifest = json.loads((Path(args.zoo) / "zoo.json").read_text())
+            r = B.with_overrides(B.recipe_from(manifest["recipe"]), args.set)
+            tok, built = tok_mod.load(Path(args.zoo) / args.role), load_model(Path(args.zoo) / args.role, device=args.device)
+        except (OSError, ValueError, KeyError, TypeError) as e:  # CheckpointError is a ValueError
+            ap.error(f"--zoo {args.zoo}: not a built set with a {args.role} target ({e})")
     result = {"command": " ".join(["python"] + sys.argv), "date": datetime.date.today().isoformat(),
               "git_sha": git_sha(), "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-              "torch": torch.__version__, "preset": args.preset, "role": args.role,
+              "torch": torch.__version__, "preset": r.name, "role": args.role, "zoo": args.zoo,
               "overrides": args.set, "recipe": dataclasses.asdict(r), "runs": []}
     torch.manual_seed(r.seed)
-    inp = B.prepare(r)
-    target = B.as_stored(B.train_target(r, args.role == "hybrid", inp.train_ids, args.device, print),
-                         getattr(torch, r.store_dtype))
+    inp = B.prepare(r, tok=tok)
+    target = built if built is not None else B.as_stored(B.train_target(r, args.role == "hybrid", inp.train_ids, args.device, print),
+                                  getattr(torch, r.store_dtype))
     cfg = target.cfg
     t = time.perf_counter()
     seqs, feats = B.distillation_data(r, target, inp.train_ids, inp.fn_prompts, args.device)
@@ -81,7 +92,7 @@ def main() -> int:
     optimizers = args.optimizer.split(",") if args.optimizer else [r.drafter_optimizer]
     if bad := [o for o in optimizers if o not in ("adamw", "muon")]:
         ap.error(f"--optimizer {','.join(bad)}: expected adamw and/or muon")
-    cws = [float(x) for x in args.context_weight.split(",")] if args.context_weight else [r.context_weight]
+    cws = [float(x) for x in args.context_weight.split(",")] if args.context_weight else [B.drafter_options(r, args.role)["context_weight"]]
     grid = [(lead, norm, layers, steps, lr, a, opt, cw) for lead in leads
             for norm in flags(args.input_norm, r.input_norm)
             for layers in [int(x) for x in args.layers.split(",")] for steps in [int(x) for x in args.steps.split(",")]
@@ -93,7 +104,7 @@ def main() -> int:
         net = train.train_drafter(dcfg, target, seqs, feats, r.prompt_len, steps, batch, lr, r.seed + 5,
                                   f"{args.kind} {layers}L {steps} lr {lr:g} anchors {a}{' lead' if lead else ''}"
                                   f"{' norm' if norm else ''} {opt} context {cw:g}", print,
-                                  **B.drafter_options(r) | {"anchors": a, "muon": opt == "muon", "context_weight": cw})
+                                  **B.drafter_options(r, args.role) | {"anchors": a, "muon": opt == "muon", "context_weight": cw})
         train_s = time.perf_counter() - t
         net = B.as_stored(net, getattr(torch, r.store_dtype))
         per_prompt = {k: B.prompt_taus(target, FeatureDrafter(net, target), cs, r.block) for k, cs in conts.items()}

@@ -88,6 +88,7 @@ class Recipe:
     gen_batch: int = 128  # prompts per batched greedy-continuation pass (large on a GPU)
     anchors: int = 4  # blocks per training sequence (block kinds)
     context_weight: float = 1.0  # block kinds: a context row's loss weight against a mask row's (train.drafter_loss)
+    hybrid_context_weight: float | None = None  # the hybrid role's block kinds (None: context_weight)
     store_dtype: str = "bfloat16"
     target_optimizer: str = "adamw"  # "muon": the targets' block matrices train with train.Muon (the rest AdamW)
     drafter_optimizer: str = "adamw"  # "muon": the feature drafters' matrices (train.matrices) train with train.Muon
@@ -109,8 +110,10 @@ class Recipe:
                 raise ValueError(f"recipe {self.name}: {field} {getattr(self, field)!r} is not 'adamw' or 'muon'")
         if self.compile_scope not in ("block", "model"):
             raise ValueError(f"recipe {self.name}: compile_scope {self.compile_scope!r} is not 'block' or 'model'")
-        if not self.context_weight >= 0:
-            raise ValueError(f"recipe {self.name}: context_weight {self.context_weight} is not a weight ≥ 0")
+        for field in ("context_weight", "hybrid_context_weight"):
+            w = getattr(self, field)
+            if w is not None and not w >= 0:
+                raise ValueError(f"recipe {self.name}: {field} {w} is not a weight ≥ 0")
 
     def training(self, kind: str, role: str) -> tuple[int, int, float]:
         """(steps, batch, learning rate) of a drafter kind of a target role."""
@@ -141,7 +144,8 @@ PRESETS = {
     # sequences 3 (sequential) to 19 times (block: 3600 steps lifted the dense block drafter's chain
     # from below n-gram to above it; its context rows weighted 0.25 lifted it from 2.50 to 2.87 on
     # HumanEval, the mask rows, which draft positions 2..16, then holding half the loss instead of a
-    # fifth). Drafters and the draft LM train through CUDA graphs (one launch
+    # fifth; the hybrid's block drafters weigh them 0.5: at 0.25 the hybrid block drafter's chain fell
+    # to n-gram's on HumanEval, 2.52 against 2.56). Drafters and the draft LM train through CUDA graphs (one launch
     # a step: a hybrid block step took 14.2 ms in the build against 35.3 eager); the roles build side
     # by side
     "small": Recipe("small", vocab=16384, target=Shape(512, 8, 8, 4, 1536), draft_lm=Shape(256, 4, 4, 2, 768),
@@ -150,7 +154,7 @@ PRESETS = {
                     draft_lm_corpus_steps=1200,
                     distill_seqs=12288, prompt_len=64, gen_len=192,
                     drafter_steps=1200, drafter_batch=64, sequential_batch=32, drafter_lr=1e-3, anchors=8, block_layers=2,
-                    context_weight=0.25,
+                    context_weight=0.25, hybrid_context_weight=0.5,
                     block_steps=3600, draft_lm_steps=100, eval_prompts=8, eval_new_tokens=64, markov_rank=64, markov_steps=600,
                     markov_lr=3e-3, workload_prompts=0.5, workload_files=0.1, gen_batch=4096, corpus="code", triton_gdn=True,
                     tokenizer_sample=0.25, cuda_graphs=True),
@@ -278,10 +282,12 @@ def train_target(r: Recipe, hybrid: bool, train_ids: torch.Tensor, device: str, 
     return target
 
 
-def drafter_options(r: Recipe) -> dict:
-    """The recipe's keyword arguments of `train.train_drafter` besides shapes, steps and rates."""
+def drafter_options(r: Recipe, role: str) -> dict:
+    """The recipe's keyword arguments of `train.train_drafter` for a target role's drafters,
+    besides shapes, steps and rates."""
+    weight = r.hybrid_context_weight if role == "hybrid" and r.hybrid_context_weight is not None else r.context_weight
     return {"anchors": r.anchors, "graph": r.cuda_graphs, "muon": r.drafter_optimizer == "muon",
-            "context_weight": r.context_weight}
+            "context_weight": weight}
 
 
 def distillation_data(r: Recipe, target: Model, train_ids: torch.Tensor, fn_prompts: list[list[int]],
@@ -336,22 +342,31 @@ def measure_tau(target: Model, drafter, conts: list[Continuation], draft_len: in
     return pooled_tau(prompt_taus(target, drafter, conts, draft_len))
 
 
+def recipe_from(d: dict) -> Recipe:
+    """The recipe a manifest records (`zoo.json`'s "recipe"); fields it lacks take their defaults."""
+    known = {f.name for f in dataclasses.fields(Recipe)}
+    shapes = {k: Shape(**d[k]) for k in ("target", "draft_lm")}
+    return Recipe(**{k: v for k, v in d.items() if k in known} | shapes)
+
+
 def with_overrides(r: Recipe, assignments: list[str]) -> Recipe:
-    """The recipe with `FIELD=VALUE` assignments applied (scalar fields, parsed as the field's type)."""
+    """The recipe with `FIELD=VALUE` assignments applied (scalar fields, parsed as the field's type;
+    `none` clears an optional one, e.g. dense_block_steps=none)."""
     types = {f.name: f.type for f in dataclasses.fields(Recipe)}
+    parse = {"int": int, "float": float, "str": str,
+             "bool": lambda v: {"1": True, "true": True, "0": False, "false": False}[v.lower()]}
     changes = {}
     for a in assignments:
         name, sep, value = a.partition("=")
-        kind = types.get(name.strip())
-        if not sep or kind not in ("int", "float", "str", "bool"):
-            scalars = ", ".join(n for n, t in types.items() if t in ("int", "float", "str", "bool"))
+        kind = types.get(name.strip(), "")
+        base, optional = kind.removesuffix(" | None"), kind.endswith(" | None")
+        if not sep or base not in parse:
+            scalars = ", ".join(n for n, t in types.items() if t.removesuffix(" | None") in parse)
             raise ValueError(f"recipe override {a!r}: expected FIELD=VALUE with FIELD one of {scalars}")
         try:
-            changes[name.strip()] = {"int": int, "float": float, "str": str,
-                                     "bool": lambda v: {"1": True, "true": True, "0": False, "false": False}[v.lower()]
-                                     }[kind](value.strip())
+            changes[name.strip()] = None if optional and value.strip().lower() == "none" else parse[base](value.strip())
         except (ValueError, KeyError):
-            raise ValueError(f"recipe override {a!r}: {value!r} is not a {kind}") from None
+            raise ValueError(f"recipe override {a!r}: {value!r} is not a {base}{' or none' if optional else ''}") from None
     return dataclasses.replace(r, **changes)
 
 
@@ -379,12 +394,15 @@ def load_recipe_corpus(r: Recipe) -> corpus_mod.Corpus:
     return corpus_mod.Corpus(train_docs, held, full.sha256, full.python_version)
 
 
-def prepare(r: Recipe, log=print) -> Inputs:
-    """Corpus, tokenizer, token streams and prompts of a recipe (deterministic in the recipe)."""
+def prepare(r: Recipe, log=print, tok=None) -> Inputs:
+    """Corpus, tokenizer, token streams and prompts of a recipe (deterministic in the recipe).
+    `tok`: a built set's tokenizer, used instead of training one."""
     corpus, read_s = train.timed(load_recipe_corpus, r)
     log(f"corpus: {len(corpus.train)} train / {len(corpus.heldout)} held-out files, sha256 {corpus.sha256[:12]}")
-    tok_docs = corpus_mod.subsample(corpus.train, r.tokenizer_sample)
-    tok, tokenizer_s = train.timed(tok_mod.train_tokenizer, [d.text for d in tok_docs], r.vocab)
+    tokenizer_s = 0.0
+    if tok is None:
+        tok_docs = corpus_mod.subsample(corpus.train, r.tokenizer_sample)
+        tok, tokenizer_s = train.timed(tok_mod.train_tokenizer, [d.text for d in tok_docs], r.vocab)
     # the prompts' parsing (Python) runs beside the encoding (the tokenizer's threads release the GIL)
     t = time.perf_counter()
     with ThreadPoolExecutor(1) as pool:
@@ -478,7 +496,7 @@ def build_role(r: Recipe, role: str, inp: Inputs, out: Path, device: str, log, t
         steps, batch, lr = r.training(kind, role)
         net = train.train_drafter(drafter_config(r, kind, cfg), target, seqs, feats, r.prompt_len,
                                   steps, batch, lr, r.seed + 5, f"{role} {kind} drafter", log, body=block,
-                                  **drafter_options(r))
+                                  **drafter_options(r, role))
         timings[f"{role}_{kind}_s"] = time.perf_counter() - t
         name = f"{role}-{kind.replace('_', '-')}"
         save_drafter(net, out / name, dtype=sdt)

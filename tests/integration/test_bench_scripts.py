@@ -51,6 +51,26 @@ def test_block_sweep_trains_one_drafter_per_setting(tmp_path):
     assert res["recipe"]["eval_prompts"] == 3 and all(len(r["tau_per_prompt"]["humaneval"]) == 3 for r in res["runs"])
 
 
+def test_block_sweep_sweeps_a_built_sets_target_with_its_recipe(tmp_path):
+    """--zoo: the drafters are trained on a built target, under the recipe its manifest records
+    (with --set on top), and the build's own setting gives the build's drafter."""
+    from specpilot.zoo.build import build
+
+    m = build("nano", tmp_path / "nano", log=lambda *a: None, parallel=False)
+    out = tmp_path / "sweep.json"
+    run("zoo_block_sweep.py", "--zoo", str(tmp_path / "nano"), "--role", "hybrid", "--layers", "2", "--steps", "6",
+        "--context-weight", "0,1", "--set", "eval_prompts=2", "--out", str(out))
+    res = json.loads(out.read_text())
+    assert res["recipe"] == m["recipe"] | {"eval_prompts": 2} and res["zoo"] == str(tmp_path / "nano")
+    assert [r["context_weight"] for r in res["runs"]] == [0.0, 1.0]
+    built = next(e["tau"] for e in m["models"] if e["name"] == "hybrid-block")
+    assert res["runs"][1]["tau"] == built  # float32 on the CPU: the build's drafter, trained again
+    bad = subprocess.run([sys.executable, str(REPO / "bench" / "zoo_block_sweep.py"), "--zoo", str(tmp_path),
+                          "--out", str(tmp_path / "x.json")], cwd=REPO, capture_output=True, text=True)
+    assert bad.returncode == 2 and f"--zoo {tmp_path}: not a built set with a dense target" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
 def test_zoo_tau_replays_every_drafter_of_a_set(tmp_path):
     out = tmp_path / "tau.json"
     run("zoo_tau.py", "--zoo", "zoo/checkpoints/micro", "--prompts", "3", "--new-tokens", "8", "--online",
