@@ -116,20 +116,15 @@ NS_COEFFS = (3.4445, -4.7750, 2.0315)  # a quintic that pushes every singular va
 
 def orthogonalized(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
     """[..., m, n] → U Vᵀ of each matrix's SVD U S Vᵀ, approximately: its singular values all
-    brought near 1 by a Newton–Schulz iteration (matrix products only; bf16 on a GPU). Each
-    iteration x ← a·x + (b·s + c·s²)·x, s = x xᵀ, is three batched products, the sums folded into
-    them (baddbmm): an optimizer step launches a few kernels per matrix shape, not dozens."""
+    brought near 1 by a Newton–Schulz iteration (matrix products only; bf16 on a GPU)."""
     x = g.to(torch.bfloat16 if g.is_cuda else g.dtype)
     wide = x.shape[-2] <= x.shape[-1]
     x = x if wide else x.mT
-    lead = x.shape[:-2]
-    x = x.reshape(-1, *x.shape[-2:])
     x = x / x.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-7)
     a, b, c = NS_COEFFS
     for _ in range(steps):
         s = x @ x.mT
-        x = torch.baddbmm(x, torch.baddbmm(s, s, s, beta=b, alpha=c), x, beta=a)
-    x = x.reshape(*lead, *x.shape[-2:])
+        x = a * x + (b * s + c * (s @ s)) @ x
     return (x if wide else x.mT).to(g.dtype)
 
 
@@ -149,7 +144,6 @@ class Muon(torch.optim.Optimizer):
     def step(self):
         for g in self.param_groups:
             lr, mom, wd = g["lr"], g["momentum"], g["weight_decay"]
-            decay = 1 - lr * wd
             by_shape: dict[torch.Size, list] = {}
             for p in g["params"]:
                 if p.grad is not None:
@@ -163,7 +157,7 @@ class Muon(torch.optim.Optimizer):
                     bufs.append(st["momentum"])
                 torch._foreach_lerp_(bufs, grads, 1 - mom)
                 upd = orthogonalized(torch.stack(grads).lerp_(torch.stack(bufs), mom)) * (lr * (0.2 * max(shape) ** 0.5))
-                torch._foreach_mul_(ps, decay)
+                torch._foreach_mul_(ps, 1 - lr * wd)
                 torch._foreach_sub_(ps, list(upd.unbind(0)))
 
 
