@@ -92,7 +92,7 @@ def main() -> int:
     optimizers = args.optimizer.split(",") if args.optimizer else [r.drafter_optimizer]
     if bad := [o for o in optimizers if o not in ("adamw", "muon")]:
         ap.error(f"--optimizer {','.join(bad)}: expected adamw and/or muon")
-    cws = [float(x) for x in args.context_weight.split(",")] if args.context_weight else [B.drafter_options(r, args.role)["context_weight"]]
+    cws = [float(x) for x in args.context_weight.split(",")] if args.context_weight else [r.context_weight]
     grid = [(lead, norm, layers, steps, lr, a, opt, cw) for lead in leads
             for norm in flags(args.input_norm, r.input_norm)
             for layers in [int(x) for x in args.layers.split(",")] for steps in [int(x) for x in args.steps.split(",")]
@@ -104,7 +104,7 @@ def main() -> int:
         net = train.train_drafter(dcfg, target, seqs, feats, r.prompt_len, steps, batch, lr, r.seed + 5,
                                   f"{args.kind} {layers}L {steps} lr {lr:g} anchors {a}{' lead' if lead else ''}"
                                   f"{' norm' if norm else ''} {opt} context {cw:g}", print,
-                                  **B.drafter_options(r, args.role) | {"anchors": a, "muon": opt == "muon", "context_weight": cw})
+                                  **B.drafter_options(r) | {"anchors": a, "muon": opt == "muon", "context_weight": cw})
         train_s = time.perf_counter() - t
         net = B.as_stored(net, getattr(torch, r.store_dtype))
         per_prompt = {k: B.prompt_taus(target, FeatureDrafter(net, target), cs, r.block) for k, cs in conts.items()}

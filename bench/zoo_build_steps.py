@@ -65,7 +65,7 @@ def role_steps(r: B.Recipe, hybrid: bool, device: str, n: int, seqs_n: int, prof
 
         def run(k, cfg=cfg, batch=batch, lr=lr):
             return train.train_drafter(cfg, target, seqs, feats, r.prompt_len, k, batch, lr, r.seed + 5, kind, None,
-                                       body=block, **B.drafter_options(r, "hybrid" if hybrid else "dense"))
+                                       body=block, **B.drafter_options(r))
         row = per_step(run, n, device, profile)
         out[kind] = row | {"batch": batch, "stage_estimate_s": row["step_ms"] / 1e3 * steps}
         if kind == "block":

@@ -88,7 +88,6 @@ class Recipe:
     gen_batch: int = 128  # prompts per batched greedy-continuation pass (large on a GPU)
     anchors: int = 4  # blocks per training sequence (block kinds)
     context_weight: float = 1.0  # block kinds: a context row's loss weight against a mask row's (train.drafter_loss)
-    hybrid_context_weight: float | None = None  # the hybrid role's block kinds (None: context_weight)
     store_dtype: str = "bfloat16"
     target_optimizer: str = "adamw"  # "muon": the targets' block matrices train with train.Muon (the rest AdamW)
     drafter_optimizer: str = "adamw"  # "muon": the feature drafters' matrices (train.matrices) train with train.Muon
@@ -110,10 +109,8 @@ class Recipe:
                 raise ValueError(f"recipe {self.name}: {field} {getattr(self, field)!r} is not 'adamw' or 'muon'")
         if self.compile_scope not in ("block", "model"):
             raise ValueError(f"recipe {self.name}: compile_scope {self.compile_scope!r} is not 'block' or 'model'")
-        for field in ("context_weight", "hybrid_context_weight"):
-            w = getattr(self, field)
-            if w is not None and not w >= 0:
-                raise ValueError(f"recipe {self.name}: {field} {w} is not a weight ≥ 0")
+        if not self.context_weight >= 0:
+            raise ValueError(f"recipe {self.name}: context_weight {self.context_weight} is not a weight ≥ 0")
 
     def training(self, kind: str, role: str) -> tuple[int, int, float]:
         """(steps, batch, learning rate) of a drafter kind of a target role."""
@@ -144,8 +141,7 @@ PRESETS = {
     # sequences 3 (sequential) to 19 times (block: 3600 steps lifted the dense block drafter's chain
     # from below n-gram to above it; its context rows weighted 0.25 lifted it from 2.50 to 2.87 on
     # HumanEval, the mask rows, which draft positions 2..16, then holding half the loss instead of a
-    # fifth; the hybrid's block drafters weigh them 0.5: at 0.25 the hybrid block drafter's chain fell
-    # to n-gram's on HumanEval, 2.52 against 2.56). Drafters and the draft LM train through CUDA graphs (one launch
+    # fifth). Drafters and the draft LM train through CUDA graphs (one launch
     # a step: a hybrid block step took 14.2 ms in the build against 35.3 eager); the roles build side
     # by side
     "small": Recipe("small", vocab=16384, target=Shape(512, 8, 8, 4, 1536), draft_lm=Shape(256, 4, 4, 2, 768),
@@ -154,7 +150,7 @@ PRESETS = {
                     draft_lm_corpus_steps=1200,
                     distill_seqs=12288, prompt_len=64, gen_len=192,
                     drafter_steps=1200, drafter_batch=64, sequential_batch=32, drafter_lr=1e-3, anchors=8, block_layers=2,
-                    context_weight=0.25, hybrid_context_weight=0.5,
+                    context_weight=0.25,
                     block_steps=3600, draft_lm_steps=100, eval_prompts=8, eval_new_tokens=64, markov_rank=64, markov_steps=600,
                     markov_lr=3e-3, workload_prompts=0.5, workload_files=0.1, gen_batch=4096, corpus="code", triton_gdn=True,
                     tokenizer_sample=0.25, cuda_graphs=True),
@@ -282,12 +278,10 @@ def train_target(r: Recipe, hybrid: bool, train_ids: torch.Tensor, device: str, 
     return target
 
 
-def drafter_options(r: Recipe, role: str) -> dict:
-    """The recipe's keyword arguments of `train.train_drafter` for a target role's drafters,
-    besides shapes, steps and rates."""
-    weight = r.hybrid_context_weight if role == "hybrid" and r.hybrid_context_weight is not None else r.context_weight
+def drafter_options(r: Recipe) -> dict:
+    """The recipe's keyword arguments of `train.train_drafter` besides shapes, steps and rates."""
     return {"anchors": r.anchors, "graph": r.cuda_graphs, "muon": r.drafter_optimizer == "muon",
-            "context_weight": weight}
+            "context_weight": r.context_weight}
 
 
 def distillation_data(r: Recipe, target: Model, train_ids: torch.Tensor, fn_prompts: list[list[int]],
@@ -496,7 +490,7 @@ def build_role(r: Recipe, role: str, inp: Inputs, out: Path, device: str, log, t
         steps, batch, lr = r.training(kind, role)
         net = train.train_drafter(drafter_config(r, kind, cfg), target, seqs, feats, r.prompt_len,
                                   steps, batch, lr, r.seed + 5, f"{role} {kind} drafter", log, body=block,
-                                  **drafter_options(r, role))
+                                  **drafter_options(r))
         timings[f"{role}_{kind}_s"] = time.perf_counter() - t
         name = f"{role}-{kind.replace('_', '-')}"
         save_drafter(net, out / name, dtype=sdt)

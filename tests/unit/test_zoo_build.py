@@ -137,28 +137,19 @@ def test_recipe_overrides_parse_as_the_field_type_and_name_bad_ones():
         B.with_overrides(r, ["drafter_optimizer=sgd"])
     with pytest.raises(ValueError, match="context_weight -0.5 is not a weight"):
         B.with_overrides(r, ["context_weight=-0.5"])
-    with pytest.raises(ValueError, match="hybrid_context_weight -1.0 is not a weight"):
-        B.with_overrides(r, ["hybrid_context_weight=-1"])
     # optional fields take a value or none
-    r = B.with_overrides(r, ["dense_block_steps=7", "hybrid_context_weight=0.5"])
-    assert (r.dense_block_steps, r.hybrid_context_weight) == (7, 0.5)
+    r = B.with_overrides(r, ["dense_block_steps=7", "block_lr=2e-3"])
+    assert (r.dense_block_steps, r.block_lr) == (7, 2e-3)
     assert B.with_overrides(r, ["dense_block_steps=None"]).dense_block_steps is None
     with pytest.raises(ValueError, match="'dense_block_steps=x'.*not a int or none"):
         B.with_overrides(r, ["dense_block_steps=x"])
 
 
-def test_the_hybrid_block_drafters_take_their_own_context_weight_when_the_recipe_gives_one():
-    r = dataclasses.replace(B.PRESETS["nano"], context_weight=0.25, hybrid_context_weight=0.5)
-    assert [B.drafter_options(r, role)["context_weight"] for role in ("dense", "hybrid")] == [0.25, 0.5]
-    r = dataclasses.replace(r, hybrid_context_weight=None)
-    assert [B.drafter_options(r, role)["context_weight"] for role in ("dense", "hybrid")] == [0.25, 0.25]
-
-
 def test_a_manifest_recipe_reads_back_as_the_recipe():
     r = B.PRESETS["small"]
     assert B.recipe_from(json.loads(json.dumps(dataclasses.asdict(r)))) == r
-    old = {k: v for k, v in dataclasses.asdict(r).items() if k != "hybrid_context_weight"} | {"retired_field": 1}
-    assert B.recipe_from(old) == dataclasses.replace(r, hybrid_context_weight=None)
+    old = {k: v for k, v in dataclasses.asdict(r).items() if k != "context_weight"} | {"retired_field": 1}
+    assert B.recipe_from(old) == dataclasses.replace(r, context_weight=1.0)  # the field's default
 
 
 def test_roles_built_side_by_side_equal_the_roles_built_in_turn(tmp_path):

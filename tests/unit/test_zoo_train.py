@@ -193,6 +193,21 @@ def test_orthogonalized_brings_every_singular_value_near_one_along_the_svd_direc
     assert off.abs().max() < 1e-9
 
 
+@pytest.mark.parametrize("shape", [(6, 6), (4, 9), (9, 4), (3, 5, 12), (2, 3, 7, 4)])
+def test_orthogonalized_is_the_newton_schulz_quintic_written_out(shape):
+    """x ← a·x + b·(x xᵀ)·x + c·(x xᵀ)²·x, five times, from x / ‖x‖, on each matrix (the tall
+    ones transposed): float64 agrees to rounding."""
+    g = torch.randn(*shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    a, b, c = train.NS_COEFFS
+    tall = shape[-2] > shape[-1]
+    x = g.mT if tall else g
+    x = x / torch.linalg.matrix_norm(x, keepdim=True)
+    for _ in range(5):
+        s = x @ x.mT
+        x = a * x + b * (s @ x) + c * (s @ (s @ x))
+    torch.testing.assert_close(train.orthogonalized(g), x.mT if tall else x, rtol=1e-10, atol=1e-12)
+
+
 def test_a_muon_step_is_the_orthogonalized_nesterov_momentum_scaled_to_adamws_rms():
     """Two steps by hand — momentum m = 0.95 m + 0.05 g, update g + 0.95 (m - g) orthogonalized,
     times lr · 0.2 · √max(rows, cols), after decoupled decay — against the optimizer's; matrices
