@@ -6,6 +6,7 @@ On all 164 HumanEval prompts, greedy, 128 new tokens (stopping at EOS), per targ
 - parse_rate: share of prompt + completion, cut where the function body ends, that ast.parse
   accepts (an empty body fails; zoo/realism.py);
 - loop_rate: share of completions in which one n-gram (n ≤ 4) of tokens repeats ≥ 4 times back to back;
+  both rates with their 95 % Wilson intervals (`*_ci95`);
 - heldout_bpb / heldout_nat_per_token: the target's loss over the first HELDOUT_BYTES of the held-out
   standard-library modules (the same text for every set and tokenizer; no set trains on them).
 Sets given with --zoo land under "targets", --baseline under "baseline", keyed "preset/role"; an
@@ -65,6 +66,8 @@ def measure(folder: Path, seq: int, prompts: list[str], new: int, device: str, h
     grams = [realism.loop_gram(c) for c in ids]
     looped = [g is not None for g in grams]
     return {"parse_rate": sum(parsed) / len(prompts), "loop_rate": sum(looped) / len(ids),
+            "parse_rate_ci95": realism.wilson(sum(parsed), len(prompts)),
+            "loop_rate_ci95": realism.wilson(sum(looped), len(ids)),
             "heldout_bpb": bpb, "heldout_nat_per_token": nat, "prompts": len(prompts), "new_tokens": new,
             "params": sum(p.numel() for p in target.parameters()), "generate_s": gen_s,
             "examples": [{"id": i, "completion": texts[i][:400], "parses": parsed[i], "loops": looped[i]}
@@ -72,6 +75,13 @@ def measure(folder: Path, seq: int, prompts: list[str], new: int, device: str, h
             # what each looping completion repeats, and the text around its first repeat
             "loops": [{"id": i, "gram": tok_mod.decode(tok, g), "completion": texts[i][:240]}
                       for i, g in enumerate(grams) if g is not None]}
+
+
+def summary(row: dict) -> str:
+    """One line of a target's figures, the rates with their 95 % intervals."""
+    rates = "  ".join(f"{k} {row[k]:.3f} [{row[k + '_ci95'][0]:.3f}, {row[k + '_ci95'][1]:.3f}]"
+                      for k in ("parse_rate", "loop_rate"))
+    return f"{rates}  held-out {row['heldout_bpb']:.3f} bits/byte ({row['heldout_nat_per_token']:.3f} nat/token)"
 
 
 def main() -> int:
@@ -100,8 +110,7 @@ def main() -> int:
             raise SystemExit(f"--target {spec!r}: expected PRESET/ROLE=FOLDER with PRESET one of {', '.join(PRESETS)}")
         row = measure(Path(folder), PRESETS[preset].seq, prompts, args.new_tokens, args.device, held)
         result.setdefault("targets", {})[key] = {**row, "zoo": folder}
-        print(f"targets  {key:14s} parse_rate {row['parse_rate']:.3f}  loop_rate {row['loop_rate']:.3f}  "
-              f"held-out {row['heldout_bpb']:.3f} bits/byte", flush=True)
+        print(f"targets  {key:14s} {summary(row)}", flush=True)
         out.write_text(json.dumps(result, indent=1))
     for section, sets in (("targets", args.zoo), ("baseline", args.baseline)):
         for zoo in map(Path, sets):
@@ -113,9 +122,7 @@ def main() -> int:
                 row = measure(zoo / m["path"], manifest["recipe"]["seq"], prompts, args.new_tokens, args.device, held)
                 row.update(zoo=str(zoo), corpus_sha256=manifest["corpus_sha256"])
                 result.setdefault(section, {})[key] = row
-                print(f"{section:8s} {key:14s} parse_rate {row['parse_rate']:.3f}  loop_rate {row['loop_rate']:.3f}  "
-                      f"held-out {row['heldout_bpb']:.3f} bits/byte ({row['heldout_nat_per_token']:.3f} nat/token)",
-                      flush=True)
+                print(f"{section:8s} {key:14s} {summary(row)}", flush=True)
                 out.write_text(json.dumps(result, indent=1))
     return 0
 

@@ -8,6 +8,7 @@
 - `loops(ids)`: some n-gram (n ≤ 4) of the token ids repeats ≥ 4 times back to back (`loop_gram`: which).
 - `bits_per_byte(nats, n_bytes)`: a loss in nats over a text of n_bytes, in bits per UTF-8 byte (a
   figure that does not depend on the tokenizer).
+- `wilson(k, n)`: the 95 % Wilson score interval of a rate k / n (how far 164 prompts pin a rate down).
 """
 
 from __future__ import annotations
@@ -89,3 +90,13 @@ def bits_per_byte(nats: float, n_bytes: int) -> float:
     if n_bytes <= 0:
         raise ValueError(f"bits_per_byte needs a positive byte count, got {n_bytes}")
     return nats / (math.log(2) * n_bytes)
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of the rate k / n: the rates p whose score statistic
+    |k/n − p| / √(p(1 − p)/n) is at most z."""
+    if n <= 0 or not 0 <= k <= n:
+        raise ValueError(f"wilson needs 0 ≤ k ≤ n and n > 0, got k={k}, n={n}")
+    p, z2 = k / n, z * z
+    mid, half = p + z2 / (2 * n), z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    return max(0.0, (mid - half) / (1 + z2 / n)), min(1.0, (mid + half) / (1 + z2 / n))

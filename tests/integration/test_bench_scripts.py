@@ -107,6 +107,9 @@ def test_zoo_realism_measures_every_target_of_a_set(tmp_path):
     assert set(res["targets"]) == set(res["baseline"]) == keys
     for row in res["targets"].values():
         assert row["prompts"] == 2 and 0 <= row["parse_rate"] <= 1 and 0 <= row["loop_rate"] <= 1
+        for rate in ("parse_rate", "loop_rate"):
+            lo, hi = row[f"{rate}_ci95"]
+            assert 0 <= lo <= row[rate] <= hi <= 1 and hi - lo > 0.3  # 2 prompts pin little down
         assert 0 < row["heldout_bpb"] < 8 and row["heldout_nat_per_token"] > 0  # trained: below a uniform byte
 
 

@@ -68,6 +68,33 @@ def test_rates():
         R.loop_rate([])
 
 
+@pytest.mark.parametrize("k,n", [(0, 164), (16, 164), (31, 164), (82, 164), (164, 164), (3, 7)])
+def test_wilson_interval_ends_where_the_score_statistic_reaches_z(k, n):
+    """Each end inside (0, 1) is a rate p at which |k/n − p| / √(p(1 − p)/n) = 1.96, found here by
+    bisection on either side of k/n; a rate of 0 or 1 keeps its own end."""
+    lo, hi = R.wilson(k, n)
+    p_hat = k / n
+
+    def score(p):
+        return abs(p_hat - p) / math.sqrt(p * (1 - p) / n) - 1.96
+
+    def root(a, b):  # score(a) and score(b) of opposite signs
+        for _ in range(200):
+            m = (a + b) / 2
+            a, b = (m, b) if (score(m) > 0) == (score(a) > 0) else (a, m)
+        return (a + b) / 2
+
+    inner = min(max(p_hat, 1e-12), 1 - 1e-12)  # the score is undefined at 0 and 1
+    assert lo == pytest.approx(root(1e-12, inner) if k else 0.0, abs=1e-9)
+    assert hi == pytest.approx(root(inner, 1 - 1e-12) if k < n else 1.0, abs=1e-9)
+    assert lo <= p_hat <= hi
+
+
+def test_wilson_names_a_bad_count():
+    with pytest.raises(ValueError, match="k=5, n=4"):
+        R.wilson(5, 4)
+
+
 def test_bits_per_byte():
     assert R.bits_per_byte(math.log(2) * 10, 10) == pytest.approx(1.0)
     assert R.bits_per_byte(math.log(256) * 4, 4) == pytest.approx(8.0)  # a uniform guess over bytes
