@@ -5,8 +5,9 @@ zoo target.
   python bench/zoo_block_sweep.py --preset small --device cuda --out results.json   (GPU machine)
 
 Trains the preset's dense (or hybrid) target and its distillation data exactly as `zoo build`
-does (or, with --zoo, takes a built set's target, tokenizer and recipe), then drafters of `--kind` for each setting of the grid (the rest of the recipe unchanged), and
-measures each one's stock-chain τ on the build's HumanEval and held-out stdlib prompts.
+does (or, with --zoo, takes a built set's target, tokenizer and recipe), then drafters of `--kind`
+for each setting of the grid (the rest of the recipe unchanged), and measures each one's
+stock-chain τ on the build's HumanEval and held-out stdlib prompts.
 """
 
 from __future__ import annotations
@@ -60,12 +61,13 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    r, tok, built = recipe(ap, args), None, None
+    r, tok, target = recipe(ap, args), None, None
     if args.zoo:
         try:
             manifest = json.loads((Path(args.zoo) / "zoo.json").read_text())
             r = B.with_overrides(B.recipe_from(manifest["recipe"]), args.set)
-            tok, built = tok_mod.load(Path(args.zoo) / args.role), load_model(Path(args.zoo) / args.role, device=args.device)
+            folder = Path(args.zoo) / args.role
+            tok, target = tok_mod.load(folder), load_model(folder, device=args.device)
         except (OSError, ValueError, KeyError, TypeError) as e:  # CheckpointError is a ValueError
             ap.error(f"--zoo {args.zoo}: not a built set with a {args.role} target ({e})")
     result = {"command": " ".join(["python"] + sys.argv), "date": datetime.date.today().isoformat(),
@@ -74,8 +76,9 @@ def main() -> int:
               "overrides": args.set, "recipe": dataclasses.asdict(r), "runs": []}
     torch.manual_seed(r.seed)
     inp = B.prepare(r, tok=tok)
-    target = built if built is not None else B.as_stored(B.train_target(r, args.role == "hybrid", inp.train_ids, args.device, print),
-                                  getattr(torch, r.store_dtype))
+    if target is None:
+        target = B.as_stored(B.train_target(r, args.role == "hybrid", inp.train_ids, args.device, print),
+                             getattr(torch, r.store_dtype))
     cfg = target.cfg
     t = time.perf_counter()
     seqs, feats = B.distillation_data(r, target, inp.train_ids, inp.fn_prompts, args.device)
