@@ -64,12 +64,15 @@ def main() -> int:
     r, tok, target = recipe(ap, args), None, None
     if args.zoo:
         try:
-            manifest = json.loads((Path(args.zoo) / "zoo.json").read_text())
-            r = B.with_overrides(B.recipe_from(manifest["recipe"]), args.set)
+            built = B.recipe_from(json.loads((Path(args.zoo) / "zoo.json").read_text())["recipe"])
             folder = Path(args.zoo) / args.role
             tok, target = tok_mod.load(folder), load_model(folder, device=args.device)
         except (OSError, ValueError, KeyError, TypeError) as e:  # CheckpointError is a ValueError
             ap.error(f"--zoo {args.zoo}: not a built set with a {args.role} target ({e})")
+        try:
+            r = B.with_overrides(built, args.set)
+        except ValueError as e:
+            ap.error(str(e))
     result = {"command": " ".join(["python"] + sys.argv), "date": datetime.date.today().isoformat(),
               "git_sha": git_sha(), "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
               "torch": torch.__version__, "preset": r.name, "role": args.role, "zoo": args.zoo,

@@ -65,6 +65,18 @@ def test_block_sweep_sweeps_a_built_sets_target_with_its_recipe(tmp_path):
     assert [r["context_weight"] for r in res["runs"]] == [0.0, 1.0]
     built = next(e["tau"] for e in m["models"] if e["name"] == "hybrid-block")
     assert res["runs"][1]["tau"] == built  # float32 on the CPU: the build's drafter, trained again
+    # the target is the folder's, not one trained again from the recipe: other weights there, another loss
+    from specpilot.engine.checkpoint import load_model, save_model
+    from specpilot.engine.synthetic import randomize
+
+    save_model(randomize(load_model(tmp_path / "nano" / "hybrid"), 99), tmp_path / "nano" / "hybrid")
+    run("zoo_block_sweep.py", "--zoo", str(tmp_path / "nano"), "--role", "hybrid", "--layers", "2", "--steps", "6",
+        "--set", "eval_prompts=2", "--out", str(out))
+    assert json.loads(out.read_text())["target_heldout_loss"] != res["target_heldout_loss"]
+    bad_set = subprocess.run([sys.executable, str(REPO / "bench" / "zoo_block_sweep.py"), "--zoo",
+                              str(tmp_path / "nano"), "--set", "seq=x", "--out", str(tmp_path / "x.json")],
+                             cwd=REPO, capture_output=True, text=True)
+    assert bad_set.returncode == 2 and "recipe override 'seq=x': 'x' is not a int" in bad_set.stderr
     bad = subprocess.run([sys.executable, str(REPO / "bench" / "zoo_block_sweep.py"), "--zoo", str(tmp_path),
                           "--out", str(tmp_path / "x.json")], cwd=REPO, capture_output=True, text=True)
     assert bad.returncode == 2 and f"--zoo {tmp_path}: not a built set with a dense target" in bad.stderr
