@@ -51,7 +51,7 @@ def role_steps(r: B.Recipe, hybrid: bool, device: str, n: int, seqs_n: int, prof
 
         def lm_run(k):
             return train.train_lm(lm, stream, k, r.target_batch, r.seq, r.draft_lm_lr, r.seed + 8, "draft LM", None,
-                                  device, graph=r.drafter_graph)
+                                  device, graph=r.cuda_graphs)
         row = per_step(lm_run, n, device, profile)
         out["draft_lm_corpus"] = row | {"batch": r.target_batch, "stage_estimate_s": row["step_ms"] / 1e3 *
                                         r.draft_lm_corpus_steps}

@@ -95,7 +95,6 @@ class Recipe:
     compile_scope: str = "block"  # what one compiled graph holds: "block" or the whole "model" (train.compiled_loss)
     triton_gdn: bool = False  # on a GPU, hybrid targets train with the Triton delta rule (kernels/gdn_chunk.py)
     cuda_graphs: bool = False  # on a GPU, drafters and the draft LM train by replaying a CUDA graph per step (train.fit)
-    target_graph: str | None = None  # on a GPU, what of a target's step replays a CUDA graph: train.GRAPH_MODES
     seed: int = 0
     corpus_bytes: int | None = None  # cap per split (tests); None = the whole standard library
     # "stdlib": this interpreter's standard library; "code": the prepared code corpus (stdlib + pinned
@@ -108,18 +107,10 @@ class Recipe:
         for field in ("target_optimizer", "drafter_optimizer"):
             if getattr(self, field) not in ("adamw", "muon"):
                 raise ValueError(f"recipe {self.name}: {field} {getattr(self, field)!r} is not 'adamw' or 'muon'")
-        if self.target_graph not in (None, *train.GRAPH_MODES):
-            raise ValueError(f"recipe {self.name}: target_graph {self.target_graph!r} is not one of "
-                             f"{', '.join(train.GRAPH_MODES)} or none")
         if self.compile_scope not in ("block", "model"):
             raise ValueError(f"recipe {self.name}: compile_scope {self.compile_scope!r} is not 'block' or 'model'")
         if not self.context_weight >= 0:
             raise ValueError(f"recipe {self.name}: context_weight {self.context_weight} is not a weight ≥ 0")
-
-    @property
-    def drafter_graph(self) -> str | None:
-        """What of a drafter's or the draft LM's training step replays a CUDA graph (train.fit)."""
-        return "step" if self.cuda_graphs else None
 
     def training(self, kind: str, role: str) -> tuple[int, int, float]:
         """(steps, batch, learning rate) of a drafter kind of a target role."""
@@ -276,8 +267,7 @@ def target_steps(r: Recipe, target: Model, train_ids: torch.Tensor, steps: int, 
     """`steps` more of the recipe's training steps of `target` on the corpus (`train.train_lm`; a
     compiled step is compiled once, on the first call)."""
     train.train_lm(target, train_ids, steps, r.target_batch, r.seq, r.target_lr, r.seed + 2, desc, log, device,
-                   compile=r.compile_target, scope=r.compile_scope, graph=r.target_graph,
-                   muon=r.target_optimizer == "muon")
+                   compile=r.compile_target, scope=r.compile_scope, muon=r.target_optimizer == "muon")
 
 
 def train_target(r: Recipe, hybrid: bool, train_ids: torch.Tensor, device: str, log) -> Model:
@@ -290,7 +280,7 @@ def train_target(r: Recipe, hybrid: bool, train_ids: torch.Tensor, device: str, 
 
 def drafter_options(r: Recipe) -> dict:
     """The recipe's keyword arguments of `train.train_drafter` besides shapes, steps and rates."""
-    return {"anchors": r.anchors, "graph": r.drafter_graph, "muon": r.drafter_optimizer == "muon",
+    return {"anchors": r.anchors, "graph": r.cuda_graphs, "muon": r.drafter_optimizer == "muon",
             "context_weight": r.context_weight}
 
 
@@ -431,7 +421,7 @@ def corpus_draft_lm(r: Recipe, train_ids: torch.Tensor, device: str, log) -> dic
     lm = new_draft_lm(r, device)
     if r.draft_lm_corpus_steps:
         train.train_lm(lm, train_ids, r.draft_lm_corpus_steps, r.target_batch, r.seq, r.draft_lm_lr, r.seed + 8,
-                       "draft LM (corpus)", log, device, graph=r.drafter_graph)
+                       "draft LM (corpus)", log, device, graph=r.cuda_graphs)
     return {k: v.detach().cpu() for k, v in lm.state_dict().items()}
 
 
@@ -521,7 +511,7 @@ def build_role(r: Recipe, role: str, inp: Inputs, out: Path, device: str, log, t
     lm.load_state_dict(lm_base())
     lm = lm.to(device)
     train.train_lm(lm, seqs.flatten(), r.draft_lm_steps, r.target_batch, r.seq, r.draft_lm_lr, r.seed + 7,
-                   f"{role} draft LM", log, device, graph=r.drafter_graph)
+                   f"{role} draft LM", log, device, graph=r.cuda_graphs)
     timings[f"{role}_draft_lm_s"] = time.perf_counter() - t
     name = f"{role}-draft-lm"
     lm_loss, lm_bpb = train.heldout_eval(lm, held_ids, r.seq, 64, r.seed + 3, device, byte_len)

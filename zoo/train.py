@@ -43,25 +43,18 @@ def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-GRAPH_MODES = ("step", "update")  # what `fit` may capture as one CUDA graph
-
-
 def fit(params, steps: int, lr: float, loss_fn: Callable[[torch.Tensor], torch.Tensor], desc: str, log: Log | None,
-        progress: bool = True, graph: str | None = None, matrices=()) -> float:
+        progress: bool = True, graph: bool = False, matrices=()) -> float:
     """AdamW with warm-up and cosine decay; returns the mean loss of the last 10 % of steps. The
     parameters also in `matrices` (2-D weights inside the network: not embeddings, norms or biases)
     train with `Muon` instead, on the same schedule.
     loss_fn(step) reads its batch by `step`, a one-element long tensor on the parameters' device.
     On a GPU the forward runs under bf16 autocast (weights and optimizer state stay float32), the
-    learning rate lives on the device, and every step after the first few may replay a captured
-    CUDA graph: with `graph` "step", of the whole step (forward, backward, clipping, the optimizers,
-    the step counter), one launch a step in place of hundreds, for models too small to hide their
-    launches (loss_fn must then neither read from the device nor copy from the host); with
-    "update", of everything after the backward pass — the optimizers' many small kernels — while
-    forward and backward run as they are (e.g. compiled). Gradients are zeroed in place after each
-    update, so they keep their addresses. A capture that fails warns and the steps run eagerly."""
-    if graph not in (None, *GRAPH_MODES):
-        raise ValueError(f"fit: graph {graph!r} is not one of {', '.join(GRAPH_MODES)} or None")
+    learning rate lives on the device, and with `graph` every step after the first few replays one
+    captured CUDA graph of the whole step (forward, backward, clipping, the optimizers, the step
+    counter): one launch a step in place of hundreds, for models too small to hide their launches.
+    loss_fn must then neither read from the device nor copy from the host; a capture that fails
+    warns and the steps run eagerly."""
     params = [p for p in params if p.requires_grad]
     mats = {id(p) for p in matrices}
     dev = params[0].device
@@ -76,46 +69,37 @@ def fit(params, steps: int, lr: float, loss_fn: Callable[[torch.Tensor], torch.T
     if ortho:
         opts.append(Muon(ortho, lr=start_lr()))
     step_t = torch.zeros(1, dtype=torch.long, device=dev)
-    losses, loss_now = torch.zeros(steps, device=dev), torch.zeros(1, device=dev)
+    losses = torch.zeros(steps, device=dev)
 
-    def forward_backward():
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda, cache_enabled=False):
-            loss = loss_fn(step_t)
-        loss.backward()
-        loss_now.copy_(loss.detach().float().view(1))
-
-    def update():
+    def one_step():
         for g in (g for opt in opts for g in opt.param_groups):
             if cuda:
                 g["lr"].copy_(lr_dev[step_t][0])
             else:
                 g["lr"] = sched[int(step_t)]
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda, cache_enabled=False):
+            loss = loss_fn(step_t)
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         for opt in opts:
             opt.step()
-            opt.zero_grad(set_to_none=False)
-        losses.index_copy_(0, step_t, loss_now)
+        losses.index_copy_(0, step_t, loss.detach().float().view(1))
         step_t.add_(1)
 
-    def one_step():
-        forward_backward()
-        update()
-
     eager = 3  # a capture follows this many eager steps (its memory and kernels warmed up)
-    body = update if graph == "update" else one_step  # what a graph holds
-    capture, replay = graph is not None and cuda and steps > eager, None
+    graph, replay = graph and cuda and steps > eager, None
     bar = progress_bar(steps, desc, "step", disable=not progress, leave=False)
     for step in range(steps):
-        if body is update:
-            forward_backward()
-        if capture and step == eager:
-            replay = captured(body, desc)
+        if graph and step == eager:
+            replay = captured(one_step, desc)
         if replay is not None:
             replay.replay()
-        elif capture and step < eager:
-            warm_up(body)
+        elif graph and step < eager:
+            warm_up(one_step)
         else:
-            body()
+            one_step()
         if step % 50 == 0:  # the only host read of the loss while training: the GPU runs ahead
             bar.set_postfix(loss=f"{float(losses[step]):.3f}")
         bar.update(1)
@@ -247,11 +231,10 @@ def compiled_loss(model: Model, scope: str = "block"):
 
 def train_lm(model: Model, stream: torch.Tensor, steps: int, batch: int, seq: int, lr: float, seed: int,
              desc: str, log: Log | None, device="cpu", compile: bool = False, scope: str = "block",
-             graph: str | None = None, muon: bool = False) -> float:
+             graph: bool = False, muon: bool = False) -> float:
     """Next-token training on random windows of `stream`; with `compile` on a GPU, through
-    `compiled_loss` of that `scope` (a compiler failure warns and trains eagerly); with `graph`
-    ("step" or "update"), replaying CUDA graphs (`fit`). `muon`: the blocks' matrices train with
-    `Muon`, the rest with AdamW."""
+    `compiled_loss` of that `scope` (a compiler failure warns and trains eagerly); else with `graph`,
+    as CUDA graphs (`fit`). `muon`: the blocks' matrices train with `Muon`, the rest with AdamW."""
     gen = torch.Generator().manual_seed(seed)
     # every step's window starts drawn up front (as `windows` draws them, step by step), and the
     # stream on the device: a step gathers its batch there, with no host-to-device copy
@@ -273,7 +256,8 @@ def train_lm(model: Model, stream: torch.Tensor, steps: int, batch: int, seq: in
                 compiled = None
         return next_token_loss(model(x[:, :-1]).logits, x[:, 1:])
 
-    out = fit(model.parameters(), steps, lr, loss_fn, desc, log, graph=graph, matrices=matrices(model) if muon else ())
+    out = fit(model.parameters(), steps, lr, loss_fn, desc, log, graph=graph and compiled is None,
+              matrices=matrices(model) if muon else ())
     model.eval()
     return out
 
@@ -484,11 +468,11 @@ def drafter_loss(net: FeatureDrafterNet, emb: torch.Tensor, head: torch.Tensor, 
 
 def train_drafter(cfg: DraftConfig, target: Model, seqs: torch.Tensor, feats: torch.Tensor, start: int,
                   steps: int, batch: int, lr: float, seed: int, desc: str, log: Log | None,
-                  anchors: int = 4, body: FeatureDrafterNet | None = None, graph: str | None = None,
+                  anchors: int = 4, body: FeatureDrafterNet | None = None, graph: bool = False,
                   muon: bool = False, context_weight: float = 1.0) -> FeatureDrafterNet:
     """A drafter of cfg.kind trained from scratch; for `block_markov`, `body` is the trained block
     drafter it extends: its weights are copied and frozen, and only the Markov head trains (as a
-    DSpark head is added to a DFlash drafter). `graph`: on a GPU, steps replay CUDA graphs (`fit`);
+    DSpark head is added to a DFlash drafter). `graph`: on a GPU, steps replay a CUDA graph (`fit`);
     `muon`: its `matrices` train with `Muon`, the rest with AdamW; `context_weight`: `drafter_loss`'s."""
     dev = target.lm_head_weight.device
     net = randomize(FeatureDrafterNet(cfg), seed).to(dev)

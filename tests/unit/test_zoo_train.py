@@ -231,12 +231,6 @@ def test_a_muon_step_is_the_orthogonalized_nesterov_momentum_scaled_to_adamws_rm
         torch.testing.assert_close(params[i].detach(), w)
 
 
-def test_fit_names_a_graph_mode_it_does_not_know():
-    w = torch.nn.Parameter(torch.ones(3))
-    with pytest.raises(ValueError, match="graph 'all' is not one of step, update or None"):
-        train.fit([w], 4, 1e-2, lambda step: (w ** 2).sum(), "t", None, progress=False, graph="all")
-
-
 def test_muon_takes_matrices_only():
     with pytest.raises(ValueError, match=r"2-D weights only.*\(5,\)"):
         train.Muon([torch.nn.Parameter(torch.zeros(5))], lr=0.1)
