@@ -7,7 +7,7 @@ zoo target.
 Trains the preset's dense (or hybrid) target and its distillation data exactly as `zoo build`
 does (or, with --zoo, takes a built set's target, tokenizer and recipe), then drafters of `--kind`
 for each setting of the grid (the rest of the recipe unchanged), and measures each one's
-stock-chain τ on the build's HumanEval and held-out stdlib prompts.
+stock-chain τ on the build's HumanEval and held-out stdlib prompts, beside the n-gram drafter's.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import git_sha, recipe  # noqa: E402
 
 from specpilot.engine.checkpoint import load_model  # noqa: E402
-from specpilot.engine.drafters import FeatureDrafter  # noqa: E402
+from specpilot.engine.drafters import FeatureDrafter, NgramDrafter  # noqa: E402
 from specpilot.zoo import build as B  # noqa: E402
 from specpilot.zoo import tokenizer as tok_mod  # noqa: E402
 from specpilot.zoo import train  # noqa: E402
@@ -90,6 +90,9 @@ def main() -> int:
     conts = B.eval_continuations(r, target, inp.prompts)
     result["prompt_tokens"] = {k: [len(c.prompt) for c in cs] for k, cs in conts.items()}
     result["continuations"] = {k: [inp.tok.decode(list(c.tokens)) for c in cs[:4]] for k, cs in conts.items()}
+    # the bar every learned drafter must clear, on the same continuations
+    result["ngram_tau"] = {k: B.measure_tau(target, NgramDrafter(), cs, r.block) for k, cs in conts.items()}
+    print(json.dumps({"ngram_tau": result["ngram_tau"]}), flush=True)
     _, batch, kind_lr = r.training(args.kind, args.role)
     lrs = [float(x) for x in args.lr.split(",")] if args.lr else [kind_lr]
     anchors = [int(x) for x in args.anchors.split(",")] if args.anchors else [r.anchors]

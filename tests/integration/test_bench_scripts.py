@@ -65,6 +65,7 @@ def test_block_sweep_sweeps_a_built_sets_target_with_its_recipe(tmp_path):
     assert [r["context_weight"] for r in res["runs"]] == [0.0, 1.0]
     built = next(e["tau"] for e in m["models"] if e["name"] == "hybrid-block")
     assert res["runs"][1]["tau"] == built  # float32 on the CPU: the build's drafter, trained again
+    assert res["ngram_tau"] == next(e["tau"]["ngram"] for e in m["models"] if e["name"] == "hybrid")
     # the target is the folder's, not one trained again from the recipe: other weights there, another loss
     from specpilot.engine.checkpoint import load_model, save_model
     from specpilot.engine.synthetic import randomize
