@@ -1,5 +1,5 @@
 """What every benchmark script shares: the commit it measures, a recipe from the command line, a
-synchronized timer and the profile of a step."""
+synchronized timer, the per-step time of runs of growing length and the profile of a step."""
 
 from __future__ import annotations
 
@@ -71,3 +71,32 @@ def seconds(fn, device: str) -> float:
     if cuda:
         torch.cuda.synchronize()
     return time.perf_counter() - t
+
+
+
+def slope_ci(counts: list[int], secs: list[float], draws: int = 2000, seed: int = 0) -> tuple[float, tuple[float, float]]:
+    """(slope, its 95 % bootstrap interval) of the least-squares line through runs of counts[i]
+    steps that took secs[i] seconds: seconds per step, as criterion samples runs of growing length
+    — what every run pays once (building optimizers, first steps) is the intercept, not the slope.
+    The interval resamples the runs (draws with a single distinct count are drawn again)."""
+    import numpy as np
+
+    x, y = np.asarray(counts, dtype=float), np.asarray(secs, dtype=float)
+    if len(x) != len(y) or len(x) < 3 or len(set(counts)) < 2:
+        raise ValueError(f"slope_ci needs 3 runs or more of 2 lengths or more, got counts {counts}, {len(y)} times")
+    fit = lambda i: float(np.polyfit(x[i], y[i], 1)[0])  # noqa: E731
+    rng, got = np.random.default_rng(seed), []
+    while len(got) < draws:
+        i = rng.integers(0, len(x), len(x))
+        if len(set(x[i])) > 1:
+            got.append(fit(i))
+    lo, hi = np.percentile(got, [2.5, 97.5])
+    return fit(np.arange(len(x))), (float(lo), float(hi))
+
+
+def step_ms(timed_run, steps: int, runs: int = 6) -> dict:
+    """timed_run(k) → seconds of k more steps (warmed up already). Runs of steps, 2 × steps, …,
+    runs × steps steps → {"step_ms": the slope (`slope_ci`), "step_ms_ci95": its interval}."""
+    counts = [k * steps for k in range(1, runs + 1)]
+    slope, (lo, hi) = slope_ci(counts, [timed_run(n) for n in counts])
+    return {"step_ms": slope * 1e3, "step_ms_ci95": [lo * 1e3, hi * 1e3]}

@@ -23,16 +23,17 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import git_sha, recipe, seconds, top_kernels  # noqa: E402
+from common import git_sha, recipe, seconds, step_ms, top_kernels  # noqa: E402
 
 from specpilot.zoo import build as B  # noqa: E402
 from specpilot.zoo import train  # noqa: E402
 
 
 def per_step(run, n: int, device: str, profile: bool) -> dict:
-    """run(k) runs k steps; → ms per step (and the top operators of n steps)."""
+    """run(k) runs k steps; → ms per step and its interval (`common.step_ms`: the slope through runs
+    of n, 2n, … 6n steps), and the top operators of n steps."""
     seconds(lambda: run(n), device)  # warm-up
-    row = {"step_ms": (seconds(lambda: run(2 * n), device) - seconds(lambda: run(n), device)) / n * 1e3}
+    row = step_ms(lambda k: seconds(lambda: run(k), device), n)
     if profile:
         row["kernels"] = top_kernels(lambda: run(n), n, device)
     return row

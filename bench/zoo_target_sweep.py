@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import git_sha, recipe, seconds, top_kernels  # noqa: E402
+from common import git_sha, recipe, seconds, step_ms, top_kernels  # noqa: E402
 from zoo_realism import heldout_docs, measure  # noqa: E402
 
 from specpilot.zoo import build as B  # noqa: E402
@@ -39,15 +39,16 @@ def trainer(r: B.Recipe, hybrid: bool, train_ids: torch.Tensor, device: str):
 
 
 def step_seconds(r: B.Recipe, hybrid: bool, train_ids: torch.Tensor, device: str, steps: int = 12,
-                 profile: bool = False) -> tuple[float, float, list | None]:
-    """(seconds per training step at the recipe's shape, seconds of the first `steps` steps — the
-    warm-up, compiling included —, and with `profile` the kernels of `steps` steady-state steps by
-    device time). The step time is the difference of a `2 × steps` and a `steps` run (`trainer`)."""
+                 profile: bool = False) -> tuple[dict, float, list | None]:
+    """({"step_ms", "step_ms_ci95"} of a training step at the recipe's shape (`common.step_ms`: the
+    slope through runs of 12, 24, … 72 steps), seconds of the first `steps` steps — the warm-up,
+    compiling included —, and with `profile` the kernels of `steps` steady-state steps by device
+    time)."""
     run = trainer(r, hybrid, train_ids, device)
     warmup = run(steps)  # allocator, kernels, autotuning, compiling
-    per_step = (run(2 * steps) - run(steps)) / steps
+    row = step_ms(run, steps)
     kernels = top_kernels(lambda: run(steps), steps, device) if profile else None
-    return per_step, warmup, kernels
+    return row, warmup, kernels
 
 
 def side_by_side(r: B.Recipe, roles: list[str], train_ids: torch.Tensor, device: str, window_s: float,
@@ -177,26 +178,26 @@ def main() -> int:
         return 0
     timed = {}
     for role in roles:
-        per_step, warmup_s, kernels = step_seconds(r, role == "hybrid", inp.train_ids, args.device,
-                                                   profile=args.profile and args.time_only)
-        timed[role] = {"step_ms": per_step * 1e3, "warmup_s": warmup_s,
-                       "step_tok_per_s": r.target_batch * r.seq / per_step}
+        row, warmup_s, kernels = step_seconds(r, role == "hybrid", inp.train_ids, args.device,
+                                              profile=args.profile and args.time_only)
+        timed[role] = row | {"warmup_s": warmup_s, "step_tok_per_s": r.target_batch * r.seq / row["step_ms"] * 1e3}
         if kernels is not None:
             timed[role]["kernels"] = kernels
             for k in kernels[:12]:
                 print(f"  {k['ms_per_step']:7.2f} ms  {k['calls_per_step']:6.1f}×  {k['name']}", flush=True)
-        print(f"{role}: {per_step * 1e3:.1f} ms/step ({timed[role]['step_tok_per_s'] / 1e3:.0f} k tok/s), "
-              f"warm-up {warmup_s:.1f} s", flush=True)
+        lo, hi = row["step_ms_ci95"]
+        print(f"{role}: {row['step_ms']:.1f} ms/step [{lo:.1f}, {hi:.1f}] "
+              f"({timed[role]['step_tok_per_s'] / 1e3:.0f} k tok/s), warm-up {warmup_s:.1f} s", flush=True)
     if args.time_only:
         Path(args.out).write_text(json.dumps(head | {"roles": timed, "recipe": dataclasses.asdict(r)}, indent=1))
         return 0
     role = roles[0]
-    hybrid, per_step = role == "hybrid", timed[role]["step_ms"] / 1e3
+    hybrid, step_s = role == "hybrid", timed[role]["step_ms"] / 1e3
     head |= {"role": role, **timed[role]}
-    steps = r.target_steps if args.budget_s is None else max(1, min(r.target_steps, int(args.budget_s / per_step)))
+    steps = r.target_steps if args.budget_s is None else max(1, min(r.target_steps, int(args.budget_s / step_s)))
     r = dataclasses.replace(r, target_steps=steps)
     tokens = steps * r.target_batch * r.seq
-    print(f"{role}: {per_step * 1e3:.1f} ms/step → {steps} steps, {tokens / 1e6:.1f} M tokens "
+    print(f"{role}: {step_s * 1e3:.1f} ms/step → {steps} steps, {tokens / 1e6:.1f} M tokens "
           f"({tokens / len(inp.train_ids):.2f} passes)", flush=True)
     t = time.perf_counter()
     torch.manual_seed(r.seed)

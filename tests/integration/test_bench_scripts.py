@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -162,11 +164,22 @@ def test_zoo_build_steps_times_the_stages_after_the_targets(tmp_path):
     stages = res["roles"]["hybrid"]
     assert set(stages) == {"decode", "sequential", "block", "block_markov"}
     assert all(row["kernels"] and "step_ms" in row and "stage_estimate_s" in row for row in stages.values())
+    assert all(row["step_ms_ci95"][0] <= row["step_ms_ci95"][1] for row in stages.values())
+
+
+def test_zoo_target_sweep_times_a_step_by_the_slope_of_growing_runs(tmp_path):
+    out = tmp_path / "steps.json"
+    run("zoo_target_sweep.py", "--preset", "nano", "--role", "dense", "--role", "hybrid", "--time-only",
+        "--out", str(out))
+    res = json.loads(out.read_text())
+    assert {"command", "device", "date", "git_sha"} <= set(res)
+    for row in res["roles"].values():
+        lo, hi = row["step_ms_ci95"]
+        assert row["step_ms"] > 0 and lo <= hi and row["warmup_s"] > 0
+        assert row["step_tok_per_s"] == pytest.approx(res["recipe"]["target_batch"] * res["recipe"]["seq"] / row["step_ms"] * 1e3)
 
 
 def test_kernel_resources_compiles_every_launched_kernel_and_an_earlier_file(tmp_path):
-    import pytest
-
     from specpilot.kernels import aot, gdn_chunk
 
     if not aot.available():
