@@ -73,7 +73,6 @@ def seconds(fn, device: str) -> float:
     return time.perf_counter() - t
 
 
-
 def slope_ci(counts: list[int], secs: list[float], draws: int = 2000, seed: int = 0) -> tuple[float, tuple[float, float]]:
     """(slope, its 95 % bootstrap interval) of the least-squares line through runs of counts[i]
     steps that took secs[i] seconds: seconds per step, as criterion samples runs of growing length

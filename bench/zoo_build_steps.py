@@ -8,7 +8,8 @@ preset's stages estimated from them; `--profile` adds the top operators of each.
 
 The weights are random (a step's time does not depend on them) and so are the token ids; the
 target is rounded to the stored dtype and computes in float32, as in the build. A step's time is
-the difference of a 2n- and an n-step run, divided by n, so warm-up, capture and prefill cancel.
+the slope through runs of n, 2n, … 6n steps (`common.step_ms`), so what every run pays once —
+warm-up, capture, prefill — stays in the intercept.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def main() -> int:
     ap.add_argument("--preset", default="small")
     ap.add_argument("--role", choices=("dense", "hybrid"), action="append", help="default: both")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a recipe field")
-    ap.add_argument("--steps", type=int, default=10, help="n: steps of the shorter timed run")
+    ap.add_argument("--steps", type=int, default=10, help="n: steps of the shortest timed run (runs of n, 2n, … 6n)")
     ap.add_argument("--seqs", type=int, default=512, help="random distillation sequences the drafters draw from")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--profile", action="store_true")
