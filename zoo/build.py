@@ -90,6 +90,7 @@ class Recipe:
     context_weight: float = 1.0  # block kinds: a context row's loss weight against a mask row's (train.drafter_loss)
     store_dtype: str = "bfloat16"
     target_optimizer: str = "adamw"  # "muon": the targets' block matrices train with train.Muon (the rest AdamW)
+    target_schedule: str = "cosine"  # the targets' learning rate after warm-up (train.lr_at): "cosine" or "linear"
     drafter_optimizer: str = "adamw"  # "muon": the feature drafters' matrices (train.matrices) train with train.Muon
     compile_target: bool = False  # on a GPU, train the target through torch.compile (eager if it fails)
     compile_scope: str = "block"  # what one compiled graph holds: "block" or the whole "model" (train.compiled_loss)
@@ -107,6 +108,9 @@ class Recipe:
         for field in ("target_optimizer", "drafter_optimizer"):
             if getattr(self, field) not in ("adamw", "muon"):
                 raise ValueError(f"recipe {self.name}: {field} {getattr(self, field)!r} is not 'adamw' or 'muon'")
+        if self.target_schedule not in train.SCHEDULES:
+            raise ValueError(f"recipe {self.name}: target_schedule {self.target_schedule!r} is not one of "
+                             f"{train.SCHEDULES}")
         if self.compile_scope not in ("block", "model"):
             raise ValueError(f"recipe {self.name}: compile_scope {self.compile_scope!r} is not 'block' or 'model'")
         if not self.context_weight >= 0:
@@ -267,7 +271,8 @@ def target_steps(r: Recipe, target: Model, train_ids: torch.Tensor, steps: int, 
     """`steps` more of the recipe's training steps of `target` on the corpus (`train.train_lm`; a
     compiled step is compiled once, on the first call)."""
     train.train_lm(target, train_ids, steps, r.target_batch, r.seq, r.target_lr, r.seed + 2, desc, log, device,
-                   compile=r.compile_target, scope=r.compile_scope, muon=r.target_optimizer == "muon")
+                   compile=r.compile_target, scope=r.compile_scope, muon=r.target_optimizer == "muon",
+                   schedule=r.target_schedule)
 
 
 def train_target(r: Recipe, hybrid: bool, train_ids: torch.Tensor, device: str, log) -> Model:

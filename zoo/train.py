@@ -35,17 +35,24 @@ from .realism import bits_per_byte
 Log = Callable[[str], None]
 
 
-def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
-    """Linear warm-up, then cosine decay to a tenth of the peak."""
+SCHEDULES = ("cosine", "linear")
+
+
+def lr_at(step: int, steps: int, lr: float, warmup: int, schedule: str = "cosine") -> float:
+    """Linear warm-up, then "cosine" decay to a tenth of the peak or "linear" decay to zero."""
     if step < warmup:
         return lr * (step + 1) / warmup
     progress = (step - warmup) / max(1, steps - warmup)
-    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+    if schedule == "linear":
+        return lr * (1 - progress)
+    if schedule == "cosine":
+        return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+    raise ValueError(f"learning-rate schedule {schedule!r}: expected one of {SCHEDULES}")
 
 
 def fit(params, steps: int, lr: float, loss_fn: Callable[[torch.Tensor], torch.Tensor], desc: str, log: Log | None,
-        progress: bool = True, graph: bool = False, matrices=()) -> float:
-    """AdamW with warm-up and cosine decay; returns the mean loss of the last 10 % of steps. The
+        progress: bool = True, graph: bool = False, matrices=(), schedule: str = "cosine") -> float:
+    """AdamW with warm-up and decay (`lr_at`'s `schedule`); returns the mean loss of the last 10 % of steps. The
     parameters also in `matrices` (2-D weights inside the network: not embeddings, norms or biases)
     train with `Muon` instead, on the same schedule.
     loss_fn(step) reads its batch by `step`, a one-element long tensor on the parameters' device.
@@ -60,7 +67,7 @@ def fit(params, steps: int, lr: float, loss_fn: Callable[[torch.Tensor], torch.T
     dev = params[0].device
     cuda = dev.type == "cuda"
     warmup, n_tail = max(1, steps // 20), max(1, steps // 10)
-    sched = [lr_at(s, steps, lr, warmup) for s in range(steps)]
+    sched = [lr_at(s, steps, lr, warmup, schedule) for s in range(steps)]
     lr_dev = torch.tensor(sched, device=dev) if cuda else None
     rest, ortho = [p for p in params if id(p) not in mats], [p for p in params if id(p) in mats]
     start_lr = lambda: torch.tensor(lr, device=dev) if cuda else lr  # noqa: E731 — each optimizer its own
@@ -231,8 +238,8 @@ def compiled_loss(model: Model, scope: str = "block"):
 
 def train_lm(model: Model, stream: torch.Tensor, steps: int, batch: int, seq: int, lr: float, seed: int,
              desc: str, log: Log | None, device="cpu", compile: bool = False, scope: str = "block",
-             graph: bool = False, muon: bool = False) -> float:
-    """Next-token training on random windows of `stream`; with `compile` on a GPU, through
+             graph: bool = False, muon: bool = False, schedule: str = "cosine") -> float:
+    """Next-token training on random windows of `stream` (learning rate as `lr_at`'s `schedule`); with `compile` on a GPU, through
     `compiled_loss` of that `scope` (a compiler failure warns and trains eagerly); else with `graph`,
     as CUDA graphs (`fit`). `muon`: the blocks' matrices train with `Muon`, the rest with AdamW."""
     gen = torch.Generator().manual_seed(seed)
@@ -257,7 +264,7 @@ def train_lm(model: Model, stream: torch.Tensor, steps: int, batch: int, seq: in
         return next_token_loss(model(x[:, :-1]).logits, x[:, 1:])
 
     out = fit(model.parameters(), steps, lr, loss_fn, desc, log, graph=graph and compiled is None,
-              matrices=matrices(model) if muon else ())
+              matrices=matrices(model) if muon else (), schedule=schedule)
     model.eval()
     return out
 

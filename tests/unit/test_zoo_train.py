@@ -146,6 +146,31 @@ def test_drafter_batches_are_rows_and_anchors_inside_the_greedy_region(kind):
     assert len(set(flat)) > 10
 
 
+def test_learning_rate_schedules_warm_up_then_decay_to_their_floor():
+    steps, warmup, lr = 200, 10, 6e-3
+    for schedule, floor in (("cosine", 0.1 * lr), ("linear", 0.0)):
+        sched = [train.lr_at(s, steps, lr, warmup, schedule) for s in range(steps)]
+        assert sched[:warmup] == pytest.approx([lr * (s + 1) / warmup for s in range(warmup)])
+        assert sched[warmup] == pytest.approx(lr)
+        assert all(a >= b for a, b in zip(sched[warmup:], sched[warmup + 1 :]))  # never rises after warm-up
+        assert sched[-1] == pytest.approx(floor, abs=lr / (steps - warmup) + 1e-12)
+    half = warmup + (steps - warmup) // 2  # halfway through the decay: linear at half the peak, cosine above it
+    assert train.lr_at(half, steps, lr, warmup, "linear") == pytest.approx(lr / 2)
+    assert train.lr_at(half, steps, lr, warmup, "cosine") == pytest.approx(0.55 * lr)
+    with pytest.raises(ValueError, match="schedule 'step'"):
+        train.lr_at(50, steps, lr, warmup, "step")
+
+
+def test_train_lm_follows_its_schedule():
+    def final_weights(schedule):
+        m = random_model(tiny_config("llama", vocab=61, hidden=32, layers=2), seed=0)
+        stream = torch.randint(0, 61, (500,), generator=torch.Generator().manual_seed(0))
+        train.train_lm(m, stream, steps=6, batch=2, seq=16, lr=1e-2, seed=4, desc="t", log=None, schedule=schedule)
+        return [p.detach().clone() for p in m.parameters()]
+    cos, lin = final_weights("cosine"), final_weights("linear")
+    assert any(not torch.equal(a, b) for a, b in zip(cos, lin))
+
+
 def test_training_is_deterministic():
     def once():
         m = random_model(tiny_config("llama", vocab=61, hidden=32, layers=2), seed=0)
