@@ -197,6 +197,19 @@ def test_the_dense_target_trains_its_own_steps_when_the_recipe_gives_them(monkey
     assert seen == {"qwen3": 7}
 
 
+def test_the_hybrid_target_trains_at_its_own_rate_when_the_recipe_gives_one(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(B.train, "train_lm", lambda model, stream, steps, batch, seq, lr, *a, **k: seen.setdefault(
+        model.cfg.family, lr))
+    r = dataclasses.replace(B.PRESETS["nano"], target_lr=1e-3, hybrid_lr=2e-3)
+    for hybrid in (False, True):
+        B.train_target(r, hybrid, torch.zeros(100, dtype=torch.long), "cpu", None)
+    assert seen == {"qwen3": 1e-3, "qwen3_next": 2e-3}
+    seen.clear()
+    B.train_target(dataclasses.replace(r, hybrid_lr=None), True, torch.zeros(100, dtype=torch.long), "cpu", None)
+    assert seen == {"qwen3_next": 1e-3}
+
+
 def test_the_dense_block_drafter_trains_its_own_steps_when_the_recipe_gives_them():
     r = dataclasses.replace(B.PRESETS["nano"], drafter_steps=5, block_steps=6, dense_block_steps=11)
     assert [r.training("block", role)[0] for role in ("dense", "hybrid")] == [11, 6]
