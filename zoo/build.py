@@ -114,6 +114,8 @@ class Recipe:
                              f"{train.SCHEDULES}")
         if self.compile_scope not in ("block", "model"):
             raise ValueError(f"recipe {self.name}: compile_scope {self.compile_scope!r} is not 'block' or 'model'")
+        if self.hybrid_lr is not None and not self.hybrid_lr > 0:
+            raise ValueError(f"recipe {self.name}: hybrid_lr {self.hybrid_lr} is not a learning rate > 0")
         if not self.context_weight >= 0:
             raise ValueError(f"recipe {self.name}: context_weight {self.context_weight} is not a weight ≥ 0")
 

@@ -133,6 +133,8 @@ def test_recipe_overrides_parse_as_the_field_type_and_name_bad_ones():
         B.with_overrides(r, ["seq"])
     with pytest.raises(ValueError, match="compile_scope 'graph' is not"):
         B.with_overrides(r, ["compile_scope=graph"])
+    with pytest.raises(ValueError, match="hybrid_lr 0.0 is not a learning rate > 0"):
+        B.with_overrides(r, ["hybrid_lr=0"])
     with pytest.raises(ValueError, match="target_schedule 'step' is not one of"):
         B.with_overrides(r, ["target_schedule=step"])
     with pytest.raises(ValueError, match="drafter_optimizer 'sgd' is not 'adamw' or 'muon'"):
