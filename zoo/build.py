@@ -119,6 +119,12 @@ class Recipe:
         if not self.context_weight >= 0:
             raise ValueError(f"recipe {self.name}: context_weight {self.context_weight} is not a weight ≥ 0")
 
+    def target_training(self, hybrid: bool) -> tuple[int, float]:
+        """(steps, learning rate) of the hybrid or the dense target."""
+        if hybrid:
+            return self.target_steps, self.hybrid_lr or self.target_lr
+        return self.dense_steps or self.target_steps, self.target_lr
+
     def training(self, kind: str, role: str) -> tuple[int, int, float]:
         """(steps, batch, learning rate) of a drafter kind of a target role."""
         if kind == "sequential":
@@ -143,7 +149,7 @@ PRESETS = {
     # tokens; a 512-token context covers HumanEval prompts plus their completions), its blocks'
     # matrices trained with Muon (at 3000 steps both targets reached a lower held-out loss than 5000
     # AdamW steps gave, 2.37 / 2.40 against 2.42 / 2.43 nat per token on held-out stdlib text); the
-    # hybrid at 9e-3, not the dense role's 6e-3 (0.850 against 0.858 bits per byte, lower than 4000
+    # hybrid at 9e-3, not the dense role's 6e-3 (0.850 against 0.858 bits per byte, as low as 4000
     # steps at 6e-3 reached, and 0.067 of its HumanEval completions looping against 0.09–0.19); the
     # draft LM (trained once for both roles, AdamW at 3e-3) sees 0.8 of it and then its distillation
     # data about once (100 × 64 × 512 tokens of 12288 × 256); feature drafters see their 12288
@@ -276,8 +282,7 @@ def new_target(r: Recipe, hybrid: bool, device: str) -> Model:
 def target_steps(r: Recipe, target: Model, train_ids: torch.Tensor, steps: int, device: str, desc: str, log) -> None:
     """`steps` more of the recipe's training steps of `target` on the corpus (`train.train_lm`; a
     compiled step is compiled once, on the first call)."""
-    hybrid = any(b.kind == "linear_attention" for b in target.model.layers)
-    lr = (hybrid and r.hybrid_lr) or r.target_lr
+    _, lr = r.target_training(any(b.kind == "linear_attention" for b in target.model.layers))
     train.train_lm(target, train_ids, steps, r.target_batch, r.seq, lr, r.seed + 2, desc, log, device,
                    compile=r.compile_target, scope=r.compile_scope, muon=r.target_optimizer == "muon",
                    schedule=r.target_schedule)
@@ -286,7 +291,7 @@ def target_steps(r: Recipe, target: Model, train_ids: torch.Tensor, steps: int, 
 def train_target(r: Recipe, hybrid: bool, train_ids: torch.Tensor, device: str, log) -> Model:
     """The preset's dense or hybrid target, trained on the corpus (float32, in training precision)."""
     target = new_target(r, hybrid, device)
-    steps = r.target_steps if hybrid else r.dense_steps or r.target_steps
+    steps, _ = r.target_training(hybrid)
     target_steps(r, target, train_ids, steps, device, f"{'hybrid' if hybrid else 'dense'} target", log)
     return target
 

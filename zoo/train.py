@@ -40,14 +40,14 @@ SCHEDULES = ("cosine", "linear")
 
 def lr_at(step: int, steps: int, lr: float, warmup: int, schedule: str = "cosine") -> float:
     """Linear warm-up, then "cosine" decay to a tenth of the peak or "linear" decay to zero."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"learning-rate schedule {schedule!r}: expected one of {SCHEDULES}")
     if step < warmup:
         return lr * (step + 1) / warmup
     progress = (step - warmup) / max(1, steps - warmup)
     if schedule == "linear":
         return lr * (1 - progress)
-    if schedule == "cosine":
-        return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-    raise ValueError(f"learning-rate schedule {schedule!r}: expected one of {SCHEDULES}")
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def fit(params, steps: int, lr: float, loss_fn: Callable[[torch.Tensor], torch.Tensor], desc: str, log: Log | None,
