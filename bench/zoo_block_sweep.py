@@ -1,6 +1,6 @@
 """How a feature drafter's chain τ grows with its depth, training steps and learning rate (block
-drafters with and without the lead-token row; either kind with and without input norms), on one
-zoo target.
+drafters with and without the lead-token row or the pointer head; either kind with and without input
+norms), on one zoo target.
 
   python bench/zoo_block_sweep.py --preset small --device cuda --out results.json   (GPU machine)
 
@@ -47,6 +47,7 @@ def main() -> int:
     ap.add_argument("--steps", default="1200,3600")
     ap.add_argument("--kind", choices=("block", "sequential"), default="block")
     ap.add_argument("--lead", default="1", help="lead-token row off / on: 0, 1 or 0,1 (block kind)")
+    ap.add_argument("--copy", help="the pointer head off / on: 0, 1 or 0,1 (block kind; default: the recipe's)")
     ap.add_argument("--input-norm", help="input norms off / on: 0, 1 or 0,1 (default: the recipe's)")
     ap.add_argument("--anchors", help="blocks per training sequence, e.g. 8,32 (default: the recipe's)")
     ap.add_argument("--lr", help="learning rates, e.g. 2e-3,3e-3 (default: the recipe's, for the kind)")
@@ -98,26 +99,27 @@ def main() -> int:
     anchors = [int(x) for x in args.anchors.split(",")] if args.anchors else [r.anchors]
     flags = lambda text, default: [bool(int(x)) for x in text.split(",")] if text else [default]  # noqa: E731
     leads = flags(args.lead, r.block_lead) if args.kind == "block" else [False]
+    copies = flags(args.copy, r.block_copy) if args.kind == "block" else [False]
     optimizers = args.optimizer.split(",") if args.optimizer else [r.drafter_optimizer]
     if bad := [o for o in optimizers if o not in ("adamw", "muon")]:
         ap.error(f"--optimizer {','.join(bad)}: expected adamw and/or muon")
     cws = [float(x) for x in args.context_weight.split(",")] if args.context_weight else [r.context_weight]
-    grid = [(lead, norm, layers, steps, lr, a, opt, cw) for lead in leads
+    grid = [(lead, copy, norm, layers, steps, lr, a, opt, cw) for lead in leads for copy in copies
             for norm in flags(args.input_norm, r.input_norm)
             for layers in [int(x) for x in args.layers.split(",")] for steps in [int(x) for x in args.steps.split(",")]
             for lr in lrs for a in anchors for opt in optimizers for cw in cws]
-    for lead, norm, layers, steps, lr, a, opt, cw in grid:
+    for lead, copy, norm, layers, steps, lr, a, opt, cw in grid:
         dcfg = dataclasses.replace(B.drafter_config(r, args.kind, cfg), num_hidden_layers=layers, lead_token=lead,
-                                   input_norm=norm)
+                                   input_norm=norm, copy_head=copy)
         t = time.perf_counter()
         net = train.train_drafter(dcfg, target, seqs, feats, r.prompt_len, steps, batch, lr, r.seed + 5,
-                                  f"{args.kind} {layers}L {steps} lr {lr:g} anchors {a}{' lead' if lead else ''}"
+                                  f"{args.kind} {layers}L {steps} lr {lr:g} anchors {a}{' lead' if lead else ''}{' copy' if copy else ''}"
                                   f"{' norm' if norm else ''} {opt} context {cw:g}", print,
                                   **B.drafter_options(r) | {"anchors": a, "muon": opt == "muon", "context_weight": cw})
         train_s = time.perf_counter() - t
         net = B.as_stored(net, getattr(torch, r.store_dtype))
         per_prompt = {k: B.prompt_taus(target, FeatureDrafter(net, target), cs, r.block) for k, cs in conts.items()}
-        result["runs"].append({"kind": args.kind, "lead_token": lead, "input_norm": norm, "layers": layers, "steps": steps,
+        result["runs"].append({"kind": args.kind, "lead_token": lead, "copy_head": copy, "input_norm": norm, "layers": layers, "steps": steps,
                                "lr": lr, "anchors": a, "optimizer": opt, "context_weight": cw, "train_s": train_s,
                                "tau": {k: B.pooled_tau(v) for k, v in per_prompt.items()},
                                "reach": {k: reach(v) for k, v in per_prompt.items()},

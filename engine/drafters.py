@@ -6,7 +6,10 @@ the target's cache):
                  position) attend to the context rows and, bidirectionally, to each other. With
                  `lead_token` the first mask row also reads the token drafted at position 1 (known
                  before the pass: the last context row's top-1), so position 2 is one token ahead
-                 of a known token instead of two.
+                 of a known token instead of two. With `copy_head` a pointer head mixes copies
+                 from the context into positions 2..m (`offset_copy`): the last context row points
+                 at earlier rows like itself that agree with the drafted position-1 token, and
+                 position j+1 reads the token j places after each — a span copied in one pass.
 - `block_markov` DSpark-like: `block` plus a Markov head giving score(child | parent).
 - `ngram`        prompt lookup, no weights.
 - `draft_lm`     a standalone small LM (any target-format checkpoint), greedy, one token per step.
@@ -103,6 +106,8 @@ class DraftConfig:
     # an RMSNorm on each half of an input row (token embedding, hidden) before fc_in, as EAGLE-3 has:
     # without it a trained target's features, many times the embedding's size, drown it out
     input_norm: bool = False
+    # block kinds: a pointer head (`offset_copy`) mixes copies from the context into drafted positions 2..m
+    copy_head: bool = False
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     max_position_embeddings: int = 4096
@@ -139,6 +144,7 @@ class DraftConfig:
                 checked_field(d, k, source, "int", 1, low=1)
             checked_field(d, "lead_token", source, "bool", False)
             checked_field(d, "input_norm", source, "bool", False)
+            checked_field(d, "copy_head", source, "bool", False)
             checked_field(d, "rms_norm_eps", source, "float", 1e-6, low=0.0)
             checked_field(d, "rope_theta", source, "float", 1e4, low=1e-9)
         except ConfigError as e:
@@ -151,6 +157,8 @@ class DraftConfig:
         if d["num_attention_heads"] % d["num_key_value_heads"]:
             raise CheckpointError(f"{source}: num_attention_heads ({d['num_attention_heads']}) must be a multiple of "
                                   f"num_key_value_heads ({d['num_key_value_heads']})")
+        if d.get("copy_head") and kind == "sequential":
+            raise CheckpointError(f"{source}: field 'copy_head' = true is for the block kinds, not a sequential drafter")
         known = {k: d.pop(k) for k in list(d) if k in names}
         return cls(kind=kind, **known, extra=d)
 
@@ -175,6 +183,10 @@ class FeatureDrafterNet(nn.Module):
         if cfg.kind == "block_markov":
             self.markov_in = nn.Linear(H, cfg.markov_rank, bias=False)
             self.markov_out = nn.Linear(cfg.markov_rank, cfg.vocab_size, bias=False)
+        if cfg.copy_head:
+            self.copy_q = nn.Linear(H, cfg.head_dim, bias=False)
+            self.copy_k = nn.Linear(H, cfg.head_dim, bias=False)
+            self.copy_gate = nn.Linear(H, 1)
         self.register_buffer("inv_freq", body.inv_freq(), persistent=False)
 
     def rows(self, next_tokens: torch.Tensor, hidden: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
@@ -206,9 +218,74 @@ class FeatureDrafterNet(nn.Module):
         first = self.rows(lead[:, None], rows[:, :1], emb)
         return torch.cat((first, rows[:, 1:]), 1)
 
+    def copy_query(self, h: torch.Tensor) -> torch.Tensor:
+        """Pointer queries [..., d] of pre-norm hidden rows [..., H], scaled for a dot product."""
+        return self.copy_q(self.norm(h)) / math.sqrt(self.cfg.head_dim)
+
+    def copy_key(self, h: torch.Tensor) -> torch.Tensor:
+        """Pointer keys [..., d] of pre-norm hidden rows [..., H]."""
+        return self.copy_k(self.norm(h))
+
+    def copy_gate_logit(self, h: torch.Tensor) -> torch.Tensor:
+        """[..., H] pre-norm hidden rows → [...]: the logit of the share a row gives its copies."""
+        return self.copy_gate(self.norm(h))[..., 0]
+
     def markov_logits(self, base: torch.Tensor, parents: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         """Logits of a position given each parent token: base [..., V] + a low-rank parent term."""
         return base + self.markov_out(self.markov_in(F.embedding(parents, emb)))
+
+
+def offset_copy(scores: torch.Tensor, p: torch.Tensor, offsets: torch.Tensor,
+                allowed: torch.Tensor | None = None) -> torch.Tensor:
+    """Pointer weights of one query row at position p over source rows s = 0..S-1 (scores [..., S],
+    p [...]) for each offset j (drafted position j+1, `offsets` [J]) → [..., J, S]: a softmax over
+    the sources s ≤ p-1-j, those whose token s+j+2 (what row s is j places short of) is known, and
+    `allowed` ([..., S] bool) where given; zero for the others, and all zero where none is."""
+    s = torch.arange(scores.shape[-1], device=scores.device)
+    valid = s <= (p[..., None, None] - 1 - offsets[:, None])
+    if allowed is not None:
+        valid = valid & allowed[..., None, :]
+    x = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    w = torch.where(valid, x[..., None, :], torch.finfo(x.dtype).min).softmax(-1)
+    return w * valid
+
+
+def mix_copy(logp: torch.Tensor, gate_logit: torch.Tensor, p_copy: torch.Tensor) -> torch.Tensor:
+    """log((1 - g) p + g p_copy), g = sigmoid(gate_logit): log-probabilities logp, copy probabilities
+    p_copy and gate logits of broadcastable shapes."""
+    g = gate_logit.to(torch.promote_types(gate_logit.dtype, torch.float32))
+    return torch.logaddexp(F.logsigmoid(-g) + logp, F.logsigmoid(g) + p_copy.clamp_min(1e-30).log())
+
+
+def pointer_copies(net: FeatureDrafterNet, keys: torch.Tensor, tokens: torch.Tensor, query: torch.Tensor,
+                   hidden: torch.Tensor, lead: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pointer head at drafted positions 2..n+1: (gate logits [n, 1], copy probabilities [n, V]).
+    keys [S, d]: the context rows' pointer keys by position (rows ≥ p unused); tokens [≥ S+2]: the
+    token at each position; query [H]: the last context row p (a 0-d tensor); hidden [n, H]: the
+    mask rows; lead: the drafted position-1 token, which every source must agree with. Fixed
+    shapes: a CUDA graph can hold it."""
+    S, dev = keys.shape[0], keys.device
+    j = torch.arange(1, len(hidden) + 1, device=dev)
+    w = offset_copy(keys @ net.copy_query(query), p, j, tokens[2 : S + 2] == lead)
+    src = tokens[(torch.arange(S, device=dev) + j[:, None] + 2).clamp(max=S + 1)]
+    p_copy = torch.zeros(len(hidden), net.cfg.vocab_size, dtype=w.dtype, device=dev).scatter_add_(1, src, w)
+    return net.copy_gate_logit(hidden)[:, None], p_copy
+
+
+def with_copies(logits: torch.Tensor, copies: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """[n, V] mask-row logits → log-probabilities with the pointer head's copies mixed in."""
+    return mix_copy(logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(-1), *copies)
+
+
+def copy_transitions(net: FeatureDrafterNet, logits: torch.Tensor, parents: torch.Tensor, children: torch.Tensor,
+                     emb: torch.Tensor, copies: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """A Markov drafter's transitions with a pointer head, [n, k, k]: log of each parent candidate's own
+    distribution (mask-row logits [n, V] plus its Markov term) mixed with the position's copies, at
+    each child candidate. parents / children [n, k]: the candidates at positions i and i+1."""
+    own = net.markov_logits(logits[:, None, :], parents, emb)
+    mixed = mix_copy(own.to(torch.promote_types(own.dtype, torch.float32)).log_softmax(-1), copies[0][:, None],
+                     copies[1][:, None, :])
+    return mixed.gather(2, children[:, None, :].expand(-1, parents.shape[1], -1)).double()
 
 
 class Drafter:
@@ -261,18 +338,27 @@ class FeatureDrafter(Drafter):
         self.cache: Cache | None = None
 
     def reset(self, max_len: int) -> None:
-        self.cache = Cache(self.net.cfg.body(), 1, max_len + self.block_size + 2, self.head.device, self.head.dtype)
+        n = max_len + self.block_size + 2
+        self.cache = Cache(self.net.cfg.body(), 1, n, self.head.device, self.head.dtype)
         self.last_hidden = self.last_logits = None
         self.newest = None
+        if self.net.cfg.copy_head:  # every context row's pointer key and every position's token
+            self.keys = torch.zeros(n, self.net.cfg.head_dim, device=self.head.device, dtype=self.head.dtype)
+            self.tokens = torch.zeros(n + 2, dtype=torch.long, device=self.head.device)
 
     @torch.no_grad()
     def observe(self, committed, next_tokens, feats):
-        x = self.net.rows(torch.tensor([next_tokens], device=feats.device),
-                          self.net.fc_feat(feats.to(self.head.dtype))[None], self.emb)
+        nxt = torch.tensor([next_tokens], device=feats.device)
+        x = self.net.rows(nxt, self.net.fc_feat(feats.to(self.head.dtype))[None], self.emb)
+        start = self.cache.length
         h, logits = self.net(x, self.head, self.cache, logits_from=x.shape[1] - 1)  # only the newest row's are used
         self.cache.commit(len(next_tokens))
         self.last_hidden, self.last_logits = h[:, -1:], logits[0, -1]
         self.newest = next_tokens[-1]
+        if self.net.cfg.copy_head:
+            self.keys[start : start + len(next_tokens)] = self.net.copy_key(h[0])
+            self.tokens[start + 1 : start + 1 + len(next_tokens)] = nxt[0]
+            self.tokens[start] = committed[0]
 
     @torch.no_grad()
     def propose(self, m: int, known: list[int] | None = None) -> Lattice:
@@ -298,23 +384,32 @@ class FeatureDrafter(Drafter):
     def _propose_block(self, m: int) -> Lattice:
         # the last context row predicts position 1 (for block_markov conditioned on the newest
         # token through the Markov head); m-1 mask rows predict positions 2..m
-        net, base = self.net, self.cache.length
+        net, base, copies = self.net, self.cache.length, None
         first = self.last_logits
         if self.kind == "block_markov":
             first = net.markov_logits(first, torch.tensor([self.newest], device=first.device), self.emb)[0]
         logits = first[None]
         if m > 1:
-            x = net.block_rows(first.argmax().view(1), m - 1, self.emb)
+            lead = first.argmax().view(1)
+            x = net.block_rows(lead, m - 1, self.emb)
             full = torch.ones(m - 1, m - 1, dtype=torch.bool, device=x.device)
-            _, lg = net(x, self.head, self.cache, tree_mask=full)
+            h, lg = net(x, self.head, self.cache, tree_mask=full)
             self.cache.truncate(base)
-            logits = torch.cat((logits, lg[0]))
+            rest = lg[0]
+            if net.cfg.copy_head:  # positions 2..m as log-probabilities with the copies mixed in
+                copies = pointer_copies(net, self.keys, self.tokens, self.last_hidden[0, 0], h[0], lead,
+                                        torch.tensor(self.cache.length - 1, device=h.device))
+                rest = with_copies(rest, copies)
+            logits = torch.cat((logits.to(rest.dtype), rest))
         lat = Lattice.from_logits(logits)
         if self.kind == "block" or m == 1:
             return lat
         # Markov head: later positions keep the marginal top-k as candidates and score each
         # candidate under each parent candidate, all positions at once
         cand = lat.tokens[1:m]  # [m-1, k]
+        if copies is not None:
+            lat.trans = copy_transitions(net, lg[0], lat.tokens[: m - 1], cand, self.emb, copies)
+            return lat
         parent = net.markov_in(F.embedding(lat.tokens[:m - 1], self.emb))  # [m-1, k, rank]
         child = F.embedding(cand, net.markov_out.weight)  # [m-1, k, rank]
         lat.trans = (logits[1:m].gather(1, cand)[:, None, :] + parent @ child.transpose(1, 2)).double()

@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from . import treeops, trees
 from .cache import StaticCache
 from .decode import MAX_TREE, Result, Step, StepRecord, clock, emit
-from .drafters import TOP_K, DraftLM, Drafter, FeatureDrafter, Lattice
+from .drafters import (TOP_K, DraftLM, Drafter, FeatureDrafter, Lattice, copy_transitions, pointer_copies,
+                       with_copies)
 from .model import Model, rope_tables, run_layers
 
 
@@ -52,6 +53,10 @@ class _FeatureDraft:
         self.cache = StaticCache(self.body, max_len, dev, dt)
         self.hidden = torch.zeros(1, 1, self.body.hidden_size, device=dev, dtype=dt)
         self.logits = torch.zeros(self.head.shape[0], device=dev, dtype=dt)
+        self.copy = d.net.cfg.copy_head
+        if self.copy:  # every context row's pointer key and every position's token, by position
+            self.keys = torch.zeros(max_len, d.net.cfg.head_dim, device=dev, dtype=dt)
+            self.tokens = torch.zeros(max_len + 2, dtype=torch.long, device=dev)
 
     def _layers(self, x):
         pos = self.cache.ctx.positions
@@ -60,9 +65,14 @@ class _FeatureDraft:
         return h[0]  # pre-norm hidden [n, H]
 
     def _read(self, nxt, feats, n: int):
-        """Context rows for n committed positions: their next tokens and target features."""
+        """Context rows for n committed positions (from `length`): their next tokens and target features."""
         self.cache.plan(n, commit_all=True)
-        return self._layers(self.net.rows(nxt[None], self.net.fc_feat(feats.to(self.head.dtype))[None], self.emb))
+        h = self._layers(self.net.rows(nxt[None], self.net.fc_feat(feats.to(self.head.dtype))[None], self.emb))
+        if self.copy:
+            at = self.cache.length + torch.arange(n, device=h.device)
+            self.keys.index_copy_(0, at, self.net.copy_key(h))
+            self.tokens.index_copy_(0, at + 1, nxt)
+        return h
 
     def _keep(self, last):
         self.hidden.copy_(last.view(1, 1, -1))
@@ -71,6 +81,8 @@ class _FeatureDraft:
     def prefill(self, prompt_ids, first, feats):
         self.cache.reset()
         nxt = torch.cat((prompt_ids[1:], first.view(1)))
+        if self.copy:
+            self.tokens[0] = prompt_ids[0]
         self._keep(self._read(nxt, feats, len(nxt))[-1])
         self.cache.length.fill_(len(nxt))
 
@@ -89,18 +101,25 @@ class _FeatureDraft:
                 hidden = h.view(1, 1, -1)
                 rows.append(F.linear(net.norm(h[-1]), self.head))
             return (*_lattice(torch.stack(rows)), None)
-        first = self.logits
+        first, copies = self.logits, None
         if self.kind == "block_markov":
             first = net.markov_logits(first, root, self.emb)[0]
         logits = first[None]
         if m > 1:
             self.cache.plan(m - 1, full=True)
-            h = self._layers(net.block_rows(first.argmax().view(1), m - 1, self.emb))
-            logits = torch.cat((logits, F.linear(net.norm(h), self.head)))
+            lead = first.argmax().view(1)
+            h = self._layers(net.block_rows(lead, m - 1, self.emb))
+            rest = F.linear(net.norm(h), self.head)
+            if self.copy:  # positions 2..m as log-probabilities with the copies mixed in
+                copies = pointer_copies(net, self.keys, self.tokens, self.hidden[0, 0], h, lead, self.cache.length - 1)
+                rest, mask_logits = with_copies(rest, copies), rest
+            logits = torch.cat((logits.to(rest.dtype), rest))
         tok, logp = _lattice(logits)
         if self.kind != "block_markov" or m == 1:
             return tok, logp, None
         cand = tok[1:m]
+        if copies is not None:
+            return tok, logp, copy_transitions(net, mask_logits, tok[: m - 1], cand, self.emb, copies)
         parent = net.markov_in(F.embedding(tok[: m - 1], self.emb))
         child = F.embedding(cand, net.markov_out.weight)
         return tok, logp, (logits[1:m].gather(1, cand)[:, None, :] + parent @ child.transpose(1, 2)).double()

@@ -78,7 +78,7 @@ def perturbed(model: Model, seed: int, noise: float) -> Model:
 
 def drafter_config(kind: str, target: ModelConfig, layers: int = 1, block: int = 8,
                    target_layers: list[int] | None = None, markov_rank: int = 8,
-                   lead_token: bool = False, input_norm: bool = False) -> DraftConfig:
+                   lead_token: bool = False, input_norm: bool = False, copy_head: bool = False) -> DraftConfig:
     """A drafter for `target`: its hidden size is the target's (it shares embedding and LM head)."""
     n, hidden = target.num_hidden_layers, target.hidden_size
     return DraftConfig(
@@ -86,7 +86,8 @@ def drafter_config(kind: str, target: ModelConfig, layers: int = 1, block: int =
         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
         target_hidden_size=target.hidden_size,
         target_layers=target_layers if target_layers is not None else sorted({0, n // 2, n - 1}),
-        block_size=block, markov_rank=markov_rank, lead_token=lead_token, input_norm=input_norm)
+        block_size=block, markov_rank=markov_rank, lead_token=lead_token, input_norm=input_norm,
+        copy_head=copy_head)
 
 
 def random_drafter_net(kind: str, target: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32,

@@ -74,6 +74,7 @@ class Recipe:
     block_lr: float | None = None  # None: drafter_lr
     block_lead: bool = True  # the first mask row reads the drafted position-1 token (DraftConfig.lead_token)
     input_norm: bool = True  # feature drafters normalize both halves of an input row (DraftConfig.input_norm)
+    block_copy: bool = False  # the block kinds' pointer head (DraftConfig.copy_head)
     markov_rank: int = 32
     markov_steps: int = 150  # the Markov head trains alone, on the frozen block drafter
     markov_lr: float = 6e-3
@@ -211,7 +212,7 @@ def drafter_config(r: Recipe, kind: str, target: ModelConfig) -> DraftConfig:
         num_attention_heads=target.num_attention_heads, num_key_value_heads=target.num_key_value_heads, head_dim=target.head_dim,
         target_hidden_size=target.hidden_size, target_layers=sorted({0, n // 2, n - 1}),
         block_size=r.block, markov_rank=r.markov_rank, lead_token=r.block_lead and kind != "sequential",
-        input_norm=r.input_norm)
+        input_norm=r.input_norm, copy_head=r.block_copy and kind != "sequential")
 
 
 @torch.no_grad()

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from specpilot.engine.drafters import DraftConfig, FeatureDrafterNet
+from specpilot.engine.drafters import DraftConfig, FeatureDrafterNet, mix_copy, offset_copy
 from specpilot.engine.model import Model
 from specpilot.engine.synthetic import randomize
 from specpilot.progress import progress_bar
@@ -462,15 +462,37 @@ def drafter_loss(net: FeatureDrafterNet, emb: torch.Tensor, head: torch.Tensor, 
     blocks = net.block_rows(seqs[:, picks + 2].flatten(), m - 1, emb)  # [B * anchors, m-1, H], block after block
     x = torch.cat((rows_in, blocks.reshape(B, n_anchor * (m - 1), -1)), 1)
     with torch.set_grad_enabled(torch.is_grad_enabled() and kind == "block"):  # block_markov: frozen body
-        _, logits = net(x, head, positions=pos.expand(B, -1), tree_mask=mask, logits_from=lo)
+        h, logits = net(x, head, positions=pos.expand(B, -1), tree_mask=mask, logits_from=lo)
     lab = torch.cat((labels_ctx, seqs[:, block_span(picks, 3, m - 1)]), 1)  # row at t → token t+2
     w_block = position_weights(m, device=dev)[1:]  # mask row j is drafted position j+1
     weight = torch.cat((valid_ctx.float() * context_weight, w_block.repeat(n_anchor))).expand(B, -1)
-    if kind == "block":
+    if kind == "block_markov":  # Markov head on the frozen block body: parent = the token right before (t+1)
+        parents = torch.cat((seqs[:, 1 : ctx + 1], seqs[:, block_span(picks, 2, m - 1)]), 1)
+        logits = net.markov_logits(logits, parents[:, lo:], emb)
+    if not net.cfg.copy_head:
         return ce(logits, lab[:, lo:], weight[:, lo:])
-    # Markov head on the frozen block body: parent = the token right before the predicted one (t+1)
-    parents = torch.cat((seqs[:, 1 : ctx + 1], seqs[:, block_span(picks, 2, m - 1)]), 1)
-    return ce(net.markov_logits(logits, parents[:, lo:], emb), lab[:, lo:], weight[:, lo:])
+    # mask rows mix in the pointer head's copies (context rows draft alone)
+    logp = -F.cross_entropy(logits.flatten(0, -2).float(), lab[:, lo:].flatten(), reduction="none").view(B, -1)
+    n = ctx - lo
+    mixed = mix_copy(logp[:, n:], net.copy_gate_logit(h[:, ctx:]), copy_probs(net, h, seqs, picks, m))
+    logp = torch.cat((logp[:, :n], mixed), 1)
+    return -(logp * weight[:, lo:]).sum() / weight[:, lo:].sum().clamp_min(1e-9)
+
+
+def copy_probs(net: FeatureDrafterNet, h: torch.Tensor, seqs: torch.Tensor, picks: torch.Tensor, m: int):
+    """[B, anchors * (m-1)]: the pointer head's probability of each mask row's label, from the rows'
+    pre-norm hidden states h [B, rows, H] (`drafter_loss`'s rows: L-2 context rows, then m-1 mask
+    rows per anchor). Anchor p's context row points; its mask row j-1 (drafted position j+1, label
+    p+j+2) reads at offset j the sources whose token s+2 is the anchor's position-1 token."""
+    B, L = seqs.shape
+    ctx, dev = L - 2, seqs.device
+    scores = net.copy_key(h[:, :ctx]) @ net.copy_query(h[:, picks]).transpose(1, 2)  # [B, source, anchor]
+    agree = seqs[:, 2 : ctx + 2][:, None, :] == seqs[:, picks + 2][..., None]  # [B, anchor, source]
+    j = torch.arange(1, m, device=dev)
+    w = offset_copy(scores.transpose(1, 2), picks.expand(B, -1), j, agree)  # [B, anchor, m-1, source]
+    src = seqs[:, (torch.arange(ctx, device=dev) + j[:, None] + 2).clamp(max=L - 1)]  # [B, m-1, source]
+    labels = seqs[:, block_span(picks, 3, m - 1)].view(B, len(picks), m - 1)
+    return (w * (src[:, None] == labels[..., None])).sum(-1).flatten(1)
 
 
 def train_drafter(cfg: DraftConfig, target: Model, seqs: torch.Tensor, feats: torch.Tensor, start: int,
@@ -492,6 +514,8 @@ def train_drafter(cfg: DraftConfig, target: Model, seqs: torch.Tensor, feats: to
     elif hasattr(net, "mask_embedding"):
         with torch.no_grad():
             net.mask_embedding.copy_(target.model.embed_tokens.weight.mean(0))
+            if cfg.copy_head:  # rows start out trusting their own logits (a copy share of 0.12)
+                net.copy_gate.bias.fill_(-2.0)
     emb, head = target.model.embed_tokens.weight.detach(), target.lm_head_weight.detach()
     idx, picks = drafter_batches(cfg.kind, seqs, start, cfg.block_size, steps, batch, anchors, seed)
     net.train()

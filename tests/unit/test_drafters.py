@@ -26,19 +26,20 @@ def primed(drafter, target, prompt):
     return drafter
 
 
-@pytest.mark.parametrize("kind,lead,norm", [("sequential", False, False), ("block", False, False),
-                                            ("block_markov", False, False), ("block", True, False),
-                                            ("block_markov", True, False), ("sequential", False, True),
-                                            ("block_markov", True, True)])
-def test_feature_drafter_round_trip_and_lattice(kind, lead, norm, target, tmp_path):
-    net = random_drafter_net(kind, target.cfg, seed=3, block=8, lead_token=lead, input_norm=norm)
+@pytest.mark.parametrize("kind,lead,norm,copy", [("sequential", False, False, False), ("block", False, False, False),
+                                                 ("block_markov", False, False, False), ("block", True, False, False),
+                                                 ("block_markov", True, False, False), ("sequential", False, True, False),
+                                                 ("block_markov", True, True, False), ("block", True, True, True),
+                                                 ("block_markov", True, True, True)])
+def test_feature_drafter_round_trip_and_lattice(kind, lead, norm, copy, target, tmp_path):
+    net = random_drafter_net(kind, target.cfg, seed=3, block=8, lead_token=lead, input_norm=norm, copy_head=copy)
     save_drafter(net, tmp_path / kind)
     cfg = json.loads((tmp_path / kind / "config.json").read_text())
     assert cfg["drafter_kind"] == kind and cfg["architectures"] == ["SpecPilotDrafter"]
-    assert cfg["lead_token"] is lead and cfg["input_norm"] is norm
-    assert ("emb_norm.weight" in net.state_dict()) is norm
+    assert cfg["lead_token"] is lead and cfg["input_norm"] is norm and cfg["copy_head"] is copy
+    assert ("emb_norm.weight" in net.state_dict()) is norm and ("copy_gate.bias" in net.state_dict()) is copy
     loaded = load_drafter(str(tmp_path / kind), target=target)
-    assert loaded.net.cfg.lead_token is lead and loaded.net.cfg.input_norm is norm
+    assert loaded.net.cfg.lead_token is lead and loaded.net.cfg.input_norm is norm and loaded.net.cfg.copy_head is copy
     for a, b in zip(net.state_dict().values(), loaded.net.state_dict().values()):
         assert torch.equal(a, b)
     d = primed(loaded, target, [5, 9, 2, 7, 1])
@@ -50,7 +51,9 @@ def test_feature_drafter_round_trip_and_lattice(kind, lead, norm, target, tmp_pa
     assert torch.all(lat.logp[:, :-1] >= lat.logp[:, 1:])  # sorted, best first
     assert torch.all(lat.logp.exp().sum(-1) <= 1 + 1e-9)  # log-probabilities of distinct tokens
     assert len(lat.chain()) == 8
-    if kind == "block_markov":
+    if kind == "block_markov" and copy:  # transitions mixed with copies: tests/unit/test_zoo_train.py
+        assert lat.trans.shape == (7, TOP_K, TOP_K) and torch.all(lat.trans.exp().sum(-1) <= 1 + 1e-6)
+    elif kind == "block_markov":
         assert lat.trans.shape == (7, TOP_K, TOP_K)
         # = log p(child | parent) of the full conditional, up to a constant per parent (trees
         # normalize over the candidates of a parent)
@@ -195,4 +198,13 @@ def test_a_mistyped_input_norm_is_named(target, tmp_path):
     cfg["input_norm"] = "yes"
     (tmp_path / "d" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="'input_norm' = 'yes': expected true or false"):
+        load_drafter(str(tmp_path / "d"), target=target)
+
+
+def test_a_pointer_head_on_a_sequential_drafter_is_named(target, tmp_path):
+    save_drafter(random_drafter_net("sequential", target.cfg, seed=1), tmp_path / "d")
+    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
+    cfg["copy_head"] = True
+    (tmp_path / "d" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="'copy_head' = true is for the block kinds, not a sequential drafter"):
         load_drafter(str(tmp_path / "d"), target=target)

@@ -14,7 +14,7 @@ from specpilot.engine.model import causal_mask
 from specpilot.engine.replay import continuation, drafter_taus, make_policy
 from specpilot.engine.synthetic import FAMILIES, perturbed, random_drafter_net, random_model, tiny_config
 
-KINDS = ("sequential", "sequential_norm", "block", "block_lead", "block_markov", "block_markov_lead",
+KINDS = ("sequential", "sequential_norm", "block", "block_lead", "block_lead_copy", "block_markov", "block_markov_lead", "block_markov_lead_copy",
          "block_markov_lead_norm", "ngram", "draft_lm_self", "draft_lm_noisy")
 
 
@@ -33,9 +33,11 @@ def make_drafter(kind: str, family: str, seed: int):
         return DraftLM(base if kind == "draft_lm_self" else perturbed(base, seed + 1, 0.3))
     norm = kind.endswith("_norm")  # input norms on both halves of a row
     kind = kind.removesuffix("_norm")
+    copy = kind.endswith("_copy")  # the block drafter's pointer head
+    kind = kind.removesuffix("_copy")
     lead = kind.endswith("_lead")  # the first mask row reads the drafted position-1 token
     net = random_drafter_net(kind.removesuffix("_lead"), tgt.cfg, seed=seed + 7, dtype=torch.float64, block=6,
-                             lead_token=lead, input_norm=norm)
+                             lead_token=lead, input_norm=norm, copy_head=copy)
     return FeatureDrafter(net, tgt)
 
 

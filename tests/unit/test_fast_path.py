@@ -137,11 +137,13 @@ def device_drafter(kind, tgt):
         return DraftLM(perturbed(base, 3, 0.05))
     if kind == "ngram":
         return NgramDrafter()
-    return FeatureDrafter(random_drafter_net(kind, tgt.cfg, seed=4, dtype=torch.float64, block=8), tgt)
+    return FeatureDrafter(random_drafter_net(kind.removesuffix("_copy"), tgt.cfg, seed=4, dtype=torch.float64, block=8,
+                                             copy_head=kind.endswith("_copy")), tgt)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("kind", ["sequential", "block", "block_markov", "draft_lm", "ngram"])
+@pytest.mark.parametrize("kind", ["sequential", "block", "block_markov", "block_copy", "block_markov_copy", "draft_lm",
+                                  "ngram"])
 def test_static_drafters_propose_what_eager_ones_do(family, kind):
     """Step by step, the same lattices and the same τ as the eager driver (but the last steps,
     where the eager driver drafts fewer positions near the token limit), and AR's tokens."""
@@ -161,6 +163,8 @@ def test_static_drafters_propose_what_eager_ones_do(family, kind):
         assert torch.equal(a.tokens[:m], b.tokens)
         torch.testing.assert_close(a.logp[:m], b.logp)
         assert (a.trans is None) == (b.trans is None)
+        if b.trans is not None:
+            torch.testing.assert_close(a.trans[: m - 1], b.trans)
         assert fast[i].tau == eager[i].tau
         assert sorted(fast[i].tree_tokens) == sorted(eager[i].tree_tokens)  # same nodes (device order differs)
 

@@ -139,11 +139,12 @@ def test_an_empty_lattice_gives_the_root_alone(spec):
 
 
 @settings(max_examples=40, deadline=None)
-@given(family=st.sampled_from(FAMILIES), spec=st.sampled_from(POLICIES), kind=st.sampled_from(["block", "block_markov", "sequential"]),
+@given(family=st.sampled_from(FAMILIES), spec=st.sampled_from(POLICIES), kind=st.sampled_from(["block", "block_copy", "block_markov", "sequential"]),
        prompt=st.lists(st.integers(1, 52), min_size=1, max_size=16), max_new=st.integers(1, 30))
 def test_every_policy_is_lossless_and_replays_exactly(family, spec, kind, prompt, max_new):
     tgt = TARGETS[family]
-    d = FeatureDrafter(random_drafter_net(kind, tgt.cfg, seed=8, dtype=torch.float64, block=6), tgt)
+    d = FeatureDrafter(random_drafter_net(kind.removesuffix("_copy"), tgt.cfg, seed=8, dtype=torch.float64, block=6,
+                                          copy_head=kind.endswith("_copy")), tgt)
     rec = []
     spec_res = generate(tgt, prompt, max_new, d, draft_len=6, policy=make_policy(spec, PROFILE), record=rec)
     assert spec_res.tokens == generate(tgt, prompt, max_new).tokens

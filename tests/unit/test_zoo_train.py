@@ -16,9 +16,25 @@ def features(seq):
     return out.features[0]
 
 
-def net(kind, block=6, lead_token=False, input_norm=False):
+def net(kind, block=6, lead_token=False, input_norm=False, copy_head=False):
     return random_drafter_net(kind, TARGET.cfg, seed=9, dtype=torch.float64, block=block,
-                              target_layers=[0, 2, 3], lead_token=lead_token, input_norm=input_norm)
+                              target_layers=[0, 2, 3], lead_token=lead_token, input_norm=input_norm,
+                              copy_head=copy_head)
+
+
+def copied(n, h, seq, p, j):
+    """The pointer head by its definition, source by source: the copy distribution of drafted position
+    j+1 after the context row p (pre-norm hidden states h [rows, H] of the context rows): a softmax of
+    q(p)·k(s) over the sources s whose token s+j+2 is known (s+j+2 ≤ p+1) and whose token s+2 is
+    the position-1 token seq[p+2], each giving its token s+j+2."""
+    out = torch.zeros(TARGET.cfg.vocab_size, dtype=torch.float64)
+    srcs = [s for s in range(p) if s + j + 2 <= p + 1 and seq[s + 2] == seq[p + 2]]
+    if srcs:
+        q = n.copy_query(h[p])
+        w = torch.softmax(torch.stack([n.copy_key(h[s]) @ q for s in srcs]), 0)
+        for s, ws in zip(srcs, w):
+            out[seq[s + j + 2]] += ws
+    return out
 
 
 def primed(n, seq, p):
@@ -51,6 +67,73 @@ def test_block_training_rows_equal_inference(lead_token, input_norm):
     top = ref.topk(16, dim=-1)
     assert torch.equal(lat.tokens, top.indices)
     torch.testing.assert_close(lat.logp, top.values, rtol=1e-9, atol=1e-9)
+
+
+def copy_case(m, kind="block"):
+    """A block-kind drafter with a pointer head, a sequence of a repeated unit and a context row p whose
+    drafted position-1 token is in the unit, so that its copies take part (seq[p+2] set to it)."""
+    n = net(kind, lead_token=True, copy_head=True)
+    for seed in range(100):
+        seq = ([int(t) for t in torch.randint(1, 61, (4,), generator=torch.Generator().manual_seed(seed))] * 7)[:26]
+        for p in range(10, 18):
+            lead = int(primed(n, seq, p).propose(m).tokens[0, 0])
+            if lead in seq[2 : p + 1]:
+                seq[p + 2] = lead  # training reads the true position-1 token: make it the drafted one
+                return n, seq, p
+    raise AssertionError("no case found")
+
+
+@pytest.mark.parametrize("kind", ["block", "block_markov"])
+def test_copy_head_inference_equals_its_definition(kind):
+    """Positions 2..m of a pointer-head block drafter's lattice: (1 - g) × the mask row's softmax +
+    g × `copied`, g the row's gate; position 1 is the context row's own. A Markov drafter's
+    transitions mix the same copies into each parent's own distribution."""
+    m = 6
+    n, seq, p = copy_case(m, kind)
+    emb, head = TARGET.model.embed_tokens.weight, TARGET.lm_head_weight
+    ctx = len(seq) - 2
+    rows = n.rows(torch.tensor([seq[1 : ctx + 1]]), n.fc_feat(features(seq)[:ctx])[None], emb)
+    mask, pos = train.block_mask(ctx, torch.tensor([p]), m, "cpu")
+    x = torch.cat((rows, n.block_rows(torch.tensor([seq[p + 2]]), m - 1, emb)), 1)
+    h, logits = n(x, head, positions=pos[None], tree_mask=mask)
+    first = logits[0, p]
+    if kind == "block_markov":
+        first = n.markov_logits(first, torch.tensor([seq[p + 1]]), emb)[0]
+    ref, gates = [torch.log_softmax(first, -1)], []
+    for j in range(1, m):
+        gates.append(torch.sigmoid(n.copy_gate_logit(h[0, ctx + j - 1])))
+        ref.append(torch.log((1 - gates[-1]) * torch.softmax(logits[0, ctx + j - 1], -1)
+                             + gates[-1] * copied(n, h[0], seq, p, j)))
+    assert any(copied(n, h[0], seq, p, j).sum() > 0 for j in range(1, m))  # the copies do take part
+    top = torch.stack(ref).topk(16, dim=-1)
+    lat = primed(n, seq, p).propose(m)
+    assert torch.equal(lat.tokens, top.indices)
+    torch.testing.assert_close(lat.logp, top.values, rtol=1e-9, atol=1e-9)
+    if kind == "block_markov":  # transition j-1: parent a (a candidate at position j) → child b
+        for j in range(1, m):
+            for a, parent in enumerate(lat.tokens[j - 1].tolist()):
+                own = torch.softmax(n.markov_logits(logits[0, ctx + j - 1], torch.tensor([parent]), emb)[0], -1)
+                mix = (1 - gates[j - 1]) * own + gates[j - 1] * copied(n, h[0], seq, p, j)
+                torch.testing.assert_close(lat.trans[j - 1, a], mix[lat.tokens[j]].log(), rtol=1e-9, atol=1e-9)
+
+
+@torch.no_grad()
+def test_copy_head_training_equals_its_definition():
+    m = 6
+    n, seq, p = copy_case(m)
+    seqs = torch.tensor([seq, seq[::-1]])
+    emb = TARGET.model.embed_tokens.weight
+    feats = TARGET(seqs, feature_layers=(0, 2, 3)).features
+    picks = torch.tensor([p, 11, 7, p])
+    ctx = seqs.shape[1] - 2
+    rows = n.rows(seqs[:, 1 : ctx + 1], n.fc_feat(feats[:, :ctx]), emb)
+    h, _ = n(rows, TARGET.lm_head_weight)  # context rows, causal
+    got = train.copy_probs(n, torch.cat((h, torch.zeros(2, len(picks) * (m - 1), h.shape[-1], dtype=h.dtype)), 1), seqs,
+                           picks, m)
+    ref = torch.tensor([[float(copied(n, h[b], seqs[b].tolist(), a, j)[seqs[b, a + j + 2]]) for a in picks.tolist()
+                         for j in range(1, m)] for b in range(2)], dtype=torch.float64)
+    assert (ref > 0).any()
+    torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("input_norm", [False, True])
@@ -100,14 +183,20 @@ def test_block_mask_by_definition():
 
 
 @pytest.mark.parametrize("kind,context_weight", [("block", 1.0), ("block_markov", 1.0), ("block", 0.25),
-                                                 ("block_markov", 0.0)])
+                                                 ("block_markov", 0.0), ("block_copy", 0.25),
+                                                 ("block_markov_copy", 0.25)])
 def test_block_loss_equals_a_block_by_block_reference(kind, context_weight):
     """drafter_loss gathers every anchor's rows, labels and parents at once (tensor anchors, so a
     CUDA graph can hold it); built block by block from block_rows and slices, the loss is the same.
-    Each context row weighs context_weight against a mask row's position weight (0: mask rows only)."""
-    n, m, start = net(kind, lead_token=True), 6, 8
+    Each context row weighs context_weight against a mask row's position weight (0: mask rows only).
+    With a pointer head a mask row's likelihood is its mixture with `copied` (context rows: their own)."""
+    copy = kind == "block_copy"
+    kind = kind.removesuffix("_copy")
+    n, m, start = net(kind, lead_token=True, copy_head=copy), 6, 8
     emb, head = TARGET.model.embed_tokens.weight, TARGET.lm_head_weight
     seqs = torch.randint(1, 61, (3, 22), generator=torch.Generator().manual_seed(4))
+    if copy:  # a small alphabet: sources agree with position 1 and copies hit labels
+        seqs = seqs % 4 + 1
     feats = TARGET(seqs, feature_layers=(0, 2, 3)).features
     picks = torch.tensor([7, 12, 9])
     got = train.drafter_loss(n, emb, head, seqs, feats, start, picks, context_weight=context_weight)
@@ -117,7 +206,7 @@ def test_block_loss_equals_a_block_by_block_reference(kind, context_weight):
     rows = n.rows(seqs[:, 1 : ctx + 1], n.fc_feat(feats[:, :ctx]), emb)
     x = torch.cat([rows] + [n.block_rows(seqs[:, p + 2], m - 1, emb) for p in ps], 1)
     mask, pos = train.block_mask(ctx, picks, m, "cpu")
-    _, logits = n(x, head, positions=pos.expand(B, -1), tree_mask=mask)
+    h, logits = n(x, head, positions=pos.expand(B, -1), tree_mask=mask)
     labels = torch.cat([seqs[:, 2 : ctx + 2]] + [seqs[:, p + 3 : p + m + 2] for p in ps], 1)
     if kind == "block_markov":
         parents = torch.cat([seqs[:, 1 : ctx + 1]] + [seqs[:, p + 2 : p + m + 1] for p in ps], 1)
@@ -125,6 +214,14 @@ def test_block_loss_equals_a_block_by_block_reference(kind, context_weight):
     w = torch.cat([(torch.arange(ctx) + 2 >= start).double() * context_weight]
                   + [train.position_weights(m)[1:].double()] * len(ps))
     nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(B, -1)
+    if copy:
+        for b in range(B):
+            for a, p in enumerate(ps):
+                for j in range(1, m):
+                    r = ctx + a * (m - 1) + j - 1
+                    g = torch.sigmoid(n.copy_gate_logit(h[b, r]))
+                    c = copied(n, h[b, :ctx], seqs[b].tolist(), p, j)[labels[b, r]]
+                    nll[b, r] = -torch.log((1 - g) * torch.exp(-nll[b, r]) + g * c)
     ref = (nll[:, lo:] * w[lo:]).sum() / (B * w[lo:].sum())
     torch.testing.assert_close(got, ref.to(got.dtype), rtol=1e-5, atol=1e-6)
 
