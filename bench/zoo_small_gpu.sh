@@ -10,7 +10,9 @@
 #      (bench/zoo_tau.py) and of every tree policy (bench/zoo_trees.py) on 164 HumanEval prompts —
 #      continuations on the GPU, drafters replayed on the CPU cores, JOBS processes each;
 #   3. the GPU tests, once realism is done (GPU_TESTS: the test path, default tests/gpu; 0 skips them).
-# TAU=0 skips the tau bench.
+# TAU=0 skips the tau bench. SWEEP: arguments for bench/zoo_block_sweep.py on the built set, run beside
+# realism, τ and trees (e.g. SWEEP="--role dense --layers 2 --steps 3600 --copy 0,1"; 164 + 164 prompts),
+# its result in zoo_block_sweep_small.json.
 # Usage (repository root, GPU machine, package installed): bash bench/zoo_small_gpu.sh DIR
 # BUILD_ARGS: more arguments for the build, e.g. "--set target_steps=4000"; JOBS (default 7) and
 # TREE_JOBS (default JOBS): processes of the tau and the trees benches.
@@ -53,6 +55,11 @@ realism=$!
 if [ "${TAU:-1}" != 0 ]; then
     SPECPILOT_COMPILE=0 python bench/zoo_tau.py --zoo out/small --device cuda --replay-device cpu --prompts 164 \
         --jobs "$jobs" --out "$dir/zoo_tau_small_164.json" >"$dir/tau.log" 2>&1 &
+fi
+if [ -n "${SWEEP:-}" ]; then
+    # shellcheck disable=SC2086  # SWEEP is split into words on purpose
+    SPECPILOT_COMPILE=0 python bench/zoo_block_sweep.py --zoo out/small --device cuda ${SWEEP} --set eval_prompts=164 \
+        --out "$dir/zoo_block_sweep_small.json" >"$dir/sweep.log" 2>&1 &
 fi
 SPECPILOT_COMPILE=0 python bench/zoo_trees.py --zoo out/small --device cuda --replay-device cpu --prompts 164 \
     --jobs "${TREE_JOBS:-$jobs}" --roles "${TREE_ROLES:-hybrid,dense}" --out "$dir/zoo_trees_small.json" >"$dir/trees.log" 2>&1 &
