@@ -187,6 +187,7 @@ class FeatureDrafterNet(nn.Module):
             self.copy_q = nn.Linear(H, cfg.head_dim, bias=False)
             self.copy_k = nn.Linear(H, cfg.head_dim, bias=False)
             self.copy_gate = nn.Linear(H, 1)
+            self.copy_match = nn.Parameter(torch.zeros(1))
         self.register_buffer("inv_freq", body.inv_freq(), persistent=False)
 
     def rows(self, next_tokens: torch.Tensor, hidden: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
@@ -226,9 +227,10 @@ class FeatureDrafterNet(nn.Module):
         """Pointer keys [..., d] of pre-norm hidden rows [..., H]."""
         return self.copy_k(self.norm(h))
 
-    def copy_gate_logit(self, h: torch.Tensor) -> torch.Tensor:
-        """[..., H] pre-norm hidden rows → [...]: the logit of the share a row gives its copies."""
-        return self.copy_gate(self.norm(h))[..., 0]
+    def copy_gate_logit(self, h: torch.Tensor, match: torch.Tensor) -> torch.Tensor:
+        """[..., H] pre-norm hidden rows and the pointer's match [...] (`offset_copy`) → [...]: the logit
+        of the share a row gives its copies."""
+        return self.copy_gate(self.norm(h))[..., 0] + self.copy_match * match
 
     def markov_logits(self, base: torch.Tensor, parents: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         """Logits of a position given each parent token: base [..., V] + a low-rank parent term."""
@@ -238,16 +240,18 @@ class FeatureDrafterNet(nn.Module):
 def offset_copy(scores: torch.Tensor, p: torch.Tensor, offsets: torch.Tensor,
                 allowed: torch.Tensor | None = None) -> torch.Tensor:
     """Pointer weights of one query row at position p over source rows s = 0..S-1 (scores [..., S],
-    p [...]) for each offset j (drafted position j+1, `offsets` [J]) → [..., J, S]: a softmax over
-    the sources s ≤ p-1-j, those whose token s+j+2 (what row s is j places short of) is known, and
-    `allowed` ([..., S] bool) where given; zero for the others, and all zero where none is."""
+    p [...]) for each offset j (drafted position j+1, `offsets` [J]) → ([..., J, S], [..., J]): a
+    softmax over the sources s ≤ p-1-j, those whose token s+j+2 (what row s is j places short of) is
+    known, and `allowed` ([..., S] bool) where given; zero for the others, and all zero where none
+    is; and the match, the log of the summed exp(score) over those sources, at least -10 (-10 where
+    there is none): how strongly the query found anything to copy."""
     s = torch.arange(scores.shape[-1], device=scores.device)
     valid = s <= (p[..., None, None] - 1 - offsets[:, None])
     if allowed is not None:
         valid = valid & allowed[..., None, :]
     x = scores.to(torch.promote_types(scores.dtype, torch.float32))
-    w = torch.where(valid, x[..., None, :], torch.finfo(x.dtype).min).softmax(-1)
-    return w * valid
+    x = torch.where(valid, x[..., None, :], torch.finfo(x.dtype).min)
+    return x.softmax(-1) * valid, x.logsumexp(-1).clamp_min(-10.0)
 
 
 def mix_copy(logp: torch.Tensor, gate_logit: torch.Tensor, p_copy: torch.Tensor) -> torch.Tensor:
@@ -266,10 +270,10 @@ def pointer_copies(net: FeatureDrafterNet, keys: torch.Tensor, tokens: torch.Ten
     shapes: a CUDA graph can hold it."""
     S, dev = keys.shape[0], keys.device
     j = torch.arange(1, len(hidden) + 1, device=dev)
-    w = offset_copy(keys @ net.copy_query(query), p, j, tokens[2 : S + 2] == lead)
+    w, match = offset_copy(keys @ net.copy_query(query), p, j, tokens[2 : S + 2] == lead)
     src = tokens[(torch.arange(S, device=dev) + j[:, None] + 2).clamp(max=S + 1)]
     p_copy = torch.zeros(len(hidden), net.cfg.vocab_size, dtype=w.dtype, device=dev).scatter_add_(1, src, w)
-    return net.copy_gate_logit(hidden)[:, None], p_copy
+    return net.copy_gate_logit(hidden, match)[:, None], p_copy
 
 
 def with_copies(logits: torch.Tensor, copies: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

@@ -474,7 +474,8 @@ def drafter_loss(net: FeatureDrafterNet, emb: torch.Tensor, head: torch.Tensor, 
     # mask rows mix in the pointer head's copies (context rows draft alone)
     logp = -F.cross_entropy(logits.flatten(0, -2).float(), lab[:, lo:].flatten(), reduction="none").view(B, -1)
     n = ctx - lo
-    mixed = mix_copy(logp[:, n:], net.copy_gate_logit(h[:, ctx:]), copy_probs(net, h, seqs, picks, m))
+    p_copy, match = copy_probs(net, h, seqs, picks, m)
+    mixed = mix_copy(logp[:, n:], net.copy_gate_logit(h[:, ctx:], match), p_copy)
     logp = torch.cat((logp[:, :n], mixed), 1)
     return -(logp * weight[:, lo:]).sum() / weight[:, lo:].sum().clamp_min(1e-9)
 
@@ -489,10 +490,10 @@ def copy_probs(net: FeatureDrafterNet, h: torch.Tensor, seqs: torch.Tensor, pick
     scores = net.copy_key(h[:, :ctx]) @ net.copy_query(h[:, picks]).transpose(1, 2)  # [B, source, anchor]
     agree = seqs[:, 2 : ctx + 2][:, None, :] == seqs[:, picks + 2][..., None]  # [B, anchor, source]
     j = torch.arange(1, m, device=dev)
-    w = offset_copy(scores.transpose(1, 2), picks.expand(B, -1), j, agree)  # [B, anchor, m-1, source]
+    w, match = offset_copy(scores.transpose(1, 2), picks.expand(B, -1), j, agree)  # [B, anchor, m-1, source]
     src = seqs[:, (torch.arange(ctx, device=dev) + j[:, None] + 2).clamp(max=L - 1)]  # [B, m-1, source]
     labels = seqs[:, block_span(picks, 3, m - 1)].view(B, len(picks), m - 1)
-    return (w * (src[:, None] == labels[..., None])).sum(-1).flatten(1)
+    return (w * (src[:, None] == labels[..., None])).sum(-1).flatten(1), match.flatten(1)
 
 
 def train_drafter(cfg: DraftConfig, target: Model, seqs: torch.Tensor, feats: torch.Tensor, start: int,
@@ -516,6 +517,7 @@ def train_drafter(cfg: DraftConfig, target: Model, seqs: torch.Tensor, feats: to
             net.mask_embedding.copy_(target.model.embed_tokens.weight.mean(0))
             if cfg.copy_head:  # rows start out trusting their own logits (a copy share of 0.12)
                 net.copy_gate.bias.fill_(-2.0)
+                net.copy_match.zero_()
     emb, head = target.model.embed_tokens.weight.detach(), target.lm_head_weight.detach()
     idx, picks = drafter_batches(cfg.kind, seqs, start, cfg.block_size, steps, batch, anchors, seed)
     net.train()

@@ -22,19 +22,30 @@ def net(kind, block=6, lead_token=False, input_norm=False, copy_head=False):
                               copy_head=copy_head)
 
 
-def copied(n, h, seq, p, j):
-    """The pointer head by its definition, source by source: the copy distribution of drafted position
-    j+1 after the context row p (pre-norm hidden states h [rows, H] of the context rows): a softmax of
-    q(p)·k(s) over the sources s whose token s+j+2 is known (s+j+2 ≤ p+1) and whose token s+2 is
-    the position-1 token seq[p+2], each giving its token s+j+2."""
+def pointer(n, h, seq, p, j):
+    """The pointer head by its definition, source by source, for drafted position j+1 after the context
+    row p (pre-norm hidden states h [rows, H] of the context rows): the sources s are those whose token
+    s+j+2 is known (s+j+2 ≤ p+1) and whose token s+2 is the position-1 token seq[p+2]; → (the copy
+    distribution: a softmax of q(p)·k(s) over them, each giving its token s+j+2; the match: log of
+    the summed exp(q(p)·k(s)), at least -10, which the gate reads)."""
     out = torch.zeros(TARGET.cfg.vocab_size, dtype=torch.float64)
     srcs = [s for s in range(p) if s + j + 2 <= p + 1 and seq[s + 2] == seq[p + 2]]
-    if srcs:
-        q = n.copy_query(h[p])
-        w = torch.softmax(torch.stack([n.copy_key(h[s]) @ q for s in srcs]), 0)
-        for s, ws in zip(srcs, w):
-            out[seq[s + j + 2]] += ws
-    return out
+    if not srcs:
+        return out, torch.tensor(-10.0, dtype=torch.float64)
+    q = n.copy_query(h[p])
+    scores = torch.stack([n.copy_key(h[s]) @ q for s in srcs])
+    for s, ws in zip(srcs, torch.softmax(scores, 0)):
+        out[seq[s + j + 2]] += ws
+    return out, torch.logsumexp(scores, 0).clamp_min(-10.0)
+
+
+def copied(n, h, seq, p, j):
+    return pointer(n, h, seq, p, j)[0]
+
+
+def gate(n, row, h, seq, p, j):
+    """The share a mask row's hidden state `row` gives its copies: sigmoid(its gate logit + copy_match × the match)."""
+    return torch.sigmoid(n.copy_gate(n.norm(row))[0] + n.copy_match[0] * pointer(n, h, seq, p, j)[1])
 
 
 def primed(n, seq, p):
@@ -101,7 +112,7 @@ def test_copy_head_inference_equals_its_definition(kind):
         first = n.markov_logits(first, torch.tensor([seq[p + 1]]), emb)[0]
     ref, gates = [torch.log_softmax(first, -1)], []
     for j in range(1, m):
-        gates.append(torch.sigmoid(n.copy_gate_logit(h[0, ctx + j - 1])))
+        gates.append(gate(n, h[0, ctx + j - 1], h[0], seq, p, j))
         ref.append(torch.log((1 - gates[-1]) * torch.softmax(logits[0, ctx + j - 1], -1)
                              + gates[-1] * copied(n, h[0], seq, p, j)))
     assert any(copied(n, h[0], seq, p, j).sum() > 0 for j in range(1, m))  # the copies do take part
@@ -128,12 +139,16 @@ def test_copy_head_training_equals_its_definition():
     ctx = seqs.shape[1] - 2
     rows = n.rows(seqs[:, 1 : ctx + 1], n.fc_feat(feats[:, :ctx]), emb)
     h, _ = n(rows, TARGET.lm_head_weight)  # context rows, causal
-    got = train.copy_probs(n, torch.cat((h, torch.zeros(2, len(picks) * (m - 1), h.shape[-1], dtype=h.dtype)), 1), seqs,
-                           picks, m)
-    ref = torch.tensor([[float(copied(n, h[b], seqs[b].tolist(), a, j)[seqs[b, a + j + 2]]) for a in picks.tolist()
-                         for j in range(1, m)] for b in range(2)], dtype=torch.float64)
+    got, match = train.copy_probs(n, torch.cat((h, torch.zeros(2, len(picks) * (m - 1), h.shape[-1], dtype=h.dtype)), 1),
+                                  seqs, picks, m)
+    refs = [[pointer(n, h[b], seqs[b].tolist(), a, j) for a in picks.tolist() for j in range(1, m)] for b in range(2)]
+    labels = [[int(seqs[b, a + j + 2]) for a in picks.tolist() for j in range(1, m)] for b in range(2)]
+    ref = torch.tensor([[float(d[t]) for (d, _), t in zip(rb, lb)] for rb, lb in zip(refs, labels)], dtype=torch.float64)
     assert (ref > 0).any()
     torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-12)
+    ref_match = torch.tensor([[float(mt) for _, mt in rb] for rb in refs], dtype=torch.float64)
+    assert (ref_match > -10).any() and (ref_match == -10).any()  # sources and none
+    torch.testing.assert_close(match, ref_match, rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.parametrize("input_norm", [False, True])
@@ -219,7 +234,7 @@ def test_block_loss_equals_a_block_by_block_reference(kind, context_weight):
             for a, p in enumerate(ps):
                 for j in range(1, m):
                     r = ctx + a * (m - 1) + j - 1
-                    g = torch.sigmoid(n.copy_gate_logit(h[b, r]))
+                    g = gate(n, h[b, r], h[b, :ctx], seqs[b].tolist(), p, j)
                     c = copied(n, h[b, :ctx], seqs[b].tolist(), p, j)[labels[b, r]]
                     nll[b, r] = -torch.log((1 - g) * torch.exp(-nll[b, r]) + g * c)
     ref = (nll[:, lo:] * w[lo:]).sum() / (B * w[lo:].sum())
