@@ -238,7 +238,7 @@ class FeatureDrafterNet(nn.Module):
 
 
 def offset_copy(scores: torch.Tensor, p: torch.Tensor, offsets: torch.Tensor,
-                allowed: torch.Tensor | None = None) -> torch.Tensor:
+                allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Pointer weights of one query row at position p over source rows s = 0..S-1 (scores [..., S],
     p [...]) for each offset j (drafted position j+1, `offsets` [J]) → ([..., J, S], [..., J]): a
     softmax over the sources s ≤ p-1-j, those whose token s+j+2 (what row s is j places short of) is

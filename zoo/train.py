@@ -480,11 +480,13 @@ def drafter_loss(net: FeatureDrafterNet, emb: torch.Tensor, head: torch.Tensor, 
     return -(logp * weight[:, lo:]).sum() / weight[:, lo:].sum().clamp_min(1e-9)
 
 
-def copy_probs(net: FeatureDrafterNet, h: torch.Tensor, seqs: torch.Tensor, picks: torch.Tensor, m: int):
-    """[B, anchors * (m-1)]: the pointer head's probability of each mask row's label, from the rows'
-    pre-norm hidden states h [B, rows, H] (`drafter_loss`'s rows: L-2 context rows, then m-1 mask
-    rows per anchor). Anchor p's context row points; its mask row j-1 (drafted position j+1, label
-    p+j+2) reads at offset j the sources whose token s+2 is the anchor's position-1 token."""
+def copy_probs(net: FeatureDrafterNet, h: torch.Tensor, seqs: torch.Tensor, picks: torch.Tensor,
+               m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pointer head's probability of each mask row's label and its match (`offset_copy`), both
+    [B, anchors * (m-1)], from the rows' pre-norm hidden states h [B, rows, H] (`drafter_loss`'s
+    rows: L-2 context rows, then m-1 mask rows per anchor). Anchor p's context row points; its mask
+    row j-1 (drafted position j+1, label p+j+2) reads at offset j the sources whose token s+2 is the
+    anchor's position-1 token."""
     B, L = seqs.shape
     ctx, dev = L - 2, seqs.device
     scores = net.copy_key(h[:, :ctx]) @ net.copy_query(h[:, picks]).transpose(1, 2)  # [B, source, anchor]
