@@ -113,14 +113,14 @@ def main() -> int:
                                    input_norm=norm, copy_head=copy)
         t = time.perf_counter()
         net = train.train_drafter(dcfg, target, seqs, feats, r.prompt_len, steps, batch, lr, r.seed + 5,
-                                  f"{args.kind} {layers}L {steps} lr {lr:g} anchors {a}{' lead' if lead else ''}{' copy' if copy else ''}"
-                                  f"{' norm' if norm else ''} {opt} context {cw:g}", print,
+                                  f"{args.kind} {layers}L {steps} lr {lr:g} anchors {a}{' lead' if lead else ''}"
+                                  f"{' copy' if copy else ''}{' norm' if norm else ''} {opt} context {cw:g}", print,
                                   **B.drafter_options(r) | {"anchors": a, "muon": opt == "muon", "context_weight": cw})
         train_s = time.perf_counter() - t
         net = B.as_stored(net, getattr(torch, r.store_dtype))
         per_prompt = {k: B.prompt_taus(target, FeatureDrafter(net, target), cs, r.block) for k, cs in conts.items()}
-        result["runs"].append({"kind": args.kind, "lead_token": lead, "copy_head": copy, "input_norm": norm, "layers": layers, "steps": steps,
-                               "lr": lr, "anchors": a, "optimizer": opt, "context_weight": cw, "train_s": train_s,
+        result["runs"].append({"kind": args.kind, "lead_token": lead, "copy_head": copy, "input_norm": norm,
+                               "layers": layers, "steps": steps, "lr": lr, "anchors": a, "optimizer": opt, "context_weight": cw, "train_s": train_s,
                                "tau": {k: B.pooled_tau(v) for k, v in per_prompt.items()},
                                "reach": {k: reach(v) for k, v in per_prompt.items()},
                                "tau_per_prompt": {k: [B.pooled_tau([t]) for t in v] for k, v in per_prompt.items()}})

@@ -237,6 +237,11 @@ class FeatureDrafterNet(nn.Module):
         return base + self.markov_out(self.markov_in(F.embedding(parents, emb)))
 
 
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """x in float32 at least (float64 stays float64): what the pointer head mixes in."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def offset_copy(scores: torch.Tensor, p: torch.Tensor, offsets: torch.Tensor,
                 allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Pointer weights of one query row at position p over source rows s = 0..S-1 (scores [..., S],
@@ -249,7 +254,7 @@ def offset_copy(scores: torch.Tensor, p: torch.Tensor, offsets: torch.Tensor,
     valid = s <= (p[..., None, None] - 1 - offsets[:, None])
     if allowed is not None:
         valid = valid & allowed[..., None, :]
-    x = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    x = _wide(scores)
     x = torch.where(valid, x[..., None, :], torch.finfo(x.dtype).min)
     return x.softmax(-1) * valid, x.logsumexp(-1).clamp_min(-10.0)
 
@@ -257,7 +262,7 @@ def offset_copy(scores: torch.Tensor, p: torch.Tensor, offsets: torch.Tensor,
 def mix_copy(logp: torch.Tensor, gate_logit: torch.Tensor, p_copy: torch.Tensor) -> torch.Tensor:
     """log((1 - g) p + g p_copy), g = sigmoid(gate_logit): log-probabilities logp, copy probabilities
     p_copy and gate logits of broadcastable shapes."""
-    g = gate_logit.to(torch.promote_types(gate_logit.dtype, torch.float32))
+    g = _wide(gate_logit)
     return torch.logaddexp(F.logsigmoid(-g) + logp, F.logsigmoid(g) + p_copy.clamp_min(1e-30).log())
 
 
@@ -278,7 +283,7 @@ def pointer_copies(net: FeatureDrafterNet, keys: torch.Tensor, tokens: torch.Ten
 
 def with_copies(logits: torch.Tensor, copies: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """[n, V] mask-row logits → log-probabilities with the pointer head's copies mixed in."""
-    return mix_copy(logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(-1), *copies)
+    return mix_copy(_wide(logits).log_softmax(-1), *copies)
 
 
 def copy_transitions(net: FeatureDrafterNet, logits: torch.Tensor, parents: torch.Tensor, children: torch.Tensor,
@@ -287,8 +292,7 @@ def copy_transitions(net: FeatureDrafterNet, logits: torch.Tensor, parents: torc
     distribution (mask-row logits [n, V] plus its Markov term) mixed with the position's copies, at
     each child candidate. parents / children [n, k]: the candidates at positions i and i+1."""
     own = net.markov_logits(logits[:, None, :], parents, emb)
-    mixed = mix_copy(own.to(torch.promote_types(own.dtype, torch.float32)).log_softmax(-1), copies[0][:, None],
-                     copies[1][:, None, :])
+    mixed = mix_copy(_wide(own).log_softmax(-1), copies[0][:, None], copies[1][:, None, :])
     return mixed.gather(2, children[:, None, :].expand(-1, parents.shape[1], -1)).double()
 
 

@@ -283,7 +283,7 @@ def new_target(r: Recipe, hybrid: bool, device: str) -> Model:
 def target_steps(r: Recipe, target: Model, train_ids: torch.Tensor, steps: int, device: str, desc: str, log) -> None:
     """`steps` more of the recipe's training steps of `target` on the corpus (`train.train_lm`; a
     compiled step is compiled once, on the first call)."""
-    _, lr = r.target_training(any(b.kind == "linear_attention" for b in target.model.layers))
+    _, lr = r.target_training(target.cfg.is_hybrid)
     train.train_lm(target, train_ids, steps, r.target_batch, r.seq, lr, r.seed + 2, desc, log, device,
                    compile=r.compile_target, scope=r.compile_scope, muon=r.target_optimizer == "muon",
                    schedule=r.target_schedule)

@@ -437,8 +437,10 @@ def drafter_loss(net: FeatureDrafterNet, emb: torch.Tensor, head: torch.Tensor, 
     lo, _ = anchor_range(L, start, m)  # context rows before lo predict prompt tokens: no logits for them
     terms = []
 
-    def ce(logits, labels, weight):
-        l = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), reduction="none").view(labels.shape)
+    def nll(logits, labels):  # per row
+        return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), reduction="none").view(labels.shape)
+
+    def mean(l, weight):
         return (l * weight).sum() / weight.sum().clamp_min(1e-9)
 
     if kind == "sequential":
@@ -452,7 +454,7 @@ def drafter_loss(net: FeatureDrafterNet, emb: torch.Tensor, head: torch.Tensor, 
             h, logits = net(x, head, positions=pos, tree_mask=mask, logits_from=(s - 1) * ctx + lo)
             hidden = h[:, -ctx:]
             valid = valid_ctx & (torch.arange(ctx, device=dev) >= s - 1)
-            terms.append(ce(logits, labels_ctx[:, lo:], valid[lo:].float().expand(B, -1)) * pw[s - 1])
+            terms.append(mean(nll(logits, labels_ctx[:, lo:]), valid[lo:].float().expand(B, -1)) * pw[s - 1])
         return sum(terms) / sum(pw)
 
     mask, pos = block_mask(ctx, picks, m, dev)
@@ -469,15 +471,12 @@ def drafter_loss(net: FeatureDrafterNet, emb: torch.Tensor, head: torch.Tensor, 
     if kind == "block_markov":  # Markov head on the frozen block body: parent = the token right before (t+1)
         parents = torch.cat((seqs[:, 1 : ctx + 1], seqs[:, block_span(picks, 2, m - 1)]), 1)
         logits = net.markov_logits(logits, parents[:, lo:], emb)
-    if not net.cfg.copy_head:
-        return ce(logits, lab[:, lo:], weight[:, lo:])
-    # mask rows mix in the pointer head's copies (context rows draft alone)
-    logp = -F.cross_entropy(logits.flatten(0, -2).float(), lab[:, lo:].flatten(), reduction="none").view(B, -1)
-    n = ctx - lo
-    p_copy, match = copy_probs(net, h, seqs, picks, m)
-    mixed = mix_copy(logp[:, n:], net.copy_gate_logit(h[:, ctx:], match), p_copy)
-    logp = torch.cat((logp[:, :n], mixed), 1)
-    return -(logp * weight[:, lo:]).sum() / weight[:, lo:].sum().clamp_min(1e-9)
+    l = nll(logits, lab[:, lo:])
+    if net.cfg.copy_head:  # mask rows mix in the pointer head's copies (context rows draft alone)
+        p_copy, match = copy_probs(net, h, seqs, picks, m)
+        n = ctx - lo
+        l = torch.cat((l[:, :n], -mix_copy(-l[:, n:], net.copy_gate_logit(h[:, ctx:], match), p_copy)), 1)
+    return mean(l, weight[:, lo:])
 
 
 def copy_probs(net: FeatureDrafterNet, h: torch.Tensor, seqs: torch.Tensor, picks: torch.Tensor,
