@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -247,13 +248,13 @@ def offset_copy(scores: torch.Tensor, p: torch.Tensor, offsets: torch.Tensor,
     """Pointer weights of one query row at position p over source rows s = 0..S-1 (scores [..., S],
     p [...]) for each offset j (drafted position j+1, `offsets` [J]) → ([..., J, S], [..., J]): a
     softmax over the sources s ≤ p-1-j, those whose token s+j+2 (what row s is j places short of) is
-    known, and `allowed` ([..., S] bool) where given; zero for the others, and all zero where none
-    is; and the match, the log of the summed exp(score) over those sources, at least -10 (-10 where
-    there is none): how strongly the query found anything to copy."""
+    known, and `allowed` (bool, broadcastable to [..., J, S]) where given; zero for the others, and
+    all zero where none is; and the match, the log of the summed exp(score) over those sources, at
+    least -10 (-10 where there is none): how strongly the query found anything to copy."""
     s = torch.arange(scores.shape[-1], device=scores.device)
     valid = s <= (p[..., None, None] - 1 - offsets[:, None])
     if allowed is not None:
-        valid = valid & allowed[..., None, :]
+        valid = valid & allowed
     x = _wide(scores)
     x = torch.where(valid, x[..., None, :], torch.finfo(x.dtype).min)
     return x.softmax(-1) * valid, x.logsumexp(-1).clamp_min(-10.0)
@@ -266,19 +267,40 @@ def mix_copy(logp: torch.Tensor, gate_logit: torch.Tensor, p_copy: torch.Tensor)
     return torch.logaddexp(F.logsigmoid(-g) + logp, F.logsigmoid(g) + p_copy.clamp_min(1e-30).log())
 
 
-def pointer_copies(net: FeatureDrafterNet, keys: torch.Tensor, tokens: torch.Tensor, query: torch.Tensor,
-                   hidden: torch.Tensor, lead: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The pointer head at drafted positions 2..n+1: (gate logits [n, 1], copy probabilities [n, V]).
-    keys [S, d]: the context rows' pointer keys by position (rows ≥ p unused); tokens [≥ S+2]: the
-    token at each position; query [H]: the last context row p (a 0-d tensor); hidden [n, H]: the
-    mask rows; lead: the drafted position-1 token, which every source must agree with. Fixed
-    shapes: a CUDA graph can hold it."""
+class Pointer(NamedTuple):
+    """The pointer head's view of the context for one block at drafted positions 2..n+1 (fixed
+    shapes: a CUDA graph can hold it): scores [S] of the last context row p's query against every
+    context row's key; p (a 0-d tensor); offsets j = 1..n; lead [S], whether a source's token s+2 is
+    the drafted position-1 token; copy / before [n, S], a source's token s+j+2 (what it gives drafted
+    position j+1) and s+j+1 (what it says comes right before it); hidden [n, H], the mask rows."""
+    scores: torch.Tensor
+    p: torch.Tensor
+    offsets: torch.Tensor
+    lead: torch.Tensor
+    copy: torch.Tensor
+    before: torch.Tensor
+    hidden: torch.Tensor
+
+
+def pointer(net: FeatureDrafterNet, keys: torch.Tensor, tokens: torch.Tensor, query: torch.Tensor,
+            hidden: torch.Tensor, lead: torch.Tensor, p: torch.Tensor) -> Pointer:
+    """keys [S, d]: the context rows' pointer keys by position (rows ≥ p unused); tokens [≥ S+2]: the
+    token at each position; query [H]: the last context row p; hidden [n, H]: the mask rows; lead:
+    the drafted position-1 token, which every source must agree with."""
     S, dev = keys.shape[0], keys.device
     j = torch.arange(1, len(hidden) + 1, device=dev)
-    w, match = offset_copy(keys @ net.copy_query(query), p, j, tokens[2 : S + 2] == lead)
-    src = tokens[(torch.arange(S, device=dev) + j[:, None] + 2).clamp(max=S + 1)]
-    p_copy = torch.zeros(len(hidden), net.cfg.vocab_size, dtype=w.dtype, device=dev).scatter_add_(1, src, w)
-    return net.copy_gate_logit(hidden, match)[:, None], p_copy
+    at = torch.arange(S, device=dev) + j[:, None] + 1
+    return Pointer(keys @ net.copy_query(query), p, j, tokens[2 : S + 2] == lead,
+                   tokens[(at + 1).clamp(max=S + 1)], tokens[at.clamp(max=S + 1)], hidden)
+
+
+def pointer_copies(net: FeatureDrafterNet, ptr: Pointer) -> tuple[torch.Tensor, torch.Tensor]:
+    """The copies of drafted positions 2..n+1 given only the lead: (gate logits [n, 1], copy
+    probabilities [n, V]). What the lattice's own scores of those positions mix in."""
+    w, match = offset_copy(ptr.scores, ptr.p, ptr.offsets, ptr.lead)
+    p_copy = torch.zeros(len(ptr.hidden), net.cfg.vocab_size, dtype=w.dtype,
+                         device=w.device).scatter_add_(1, ptr.copy, w)
+    return net.copy_gate_logit(ptr.hidden, match)[:, None], p_copy
 
 
 def with_copies(logits: torch.Tensor, copies: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -286,14 +308,22 @@ def with_copies(logits: torch.Tensor, copies: tuple[torch.Tensor, torch.Tensor])
     return mix_copy(_wide(logits).log_softmax(-1), *copies)
 
 
-def copy_transitions(net: FeatureDrafterNet, logits: torch.Tensor, parents: torch.Tensor, children: torch.Tensor,
-                     emb: torch.Tensor, copies: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """A Markov drafter's transitions with a pointer head, [n, k, k]: log of each parent candidate's own
-    distribution (mask-row logits [n, V] plus its Markov term) mixed with the position's copies, at
-    each child candidate. parents / children [n, k]: the candidates at positions i and i+1."""
-    own = net.markov_logits(logits[:, None, :], parents, emb)
-    mixed = mix_copy(_wide(own).log_softmax(-1), copies[0][:, None], copies[1][:, None, :])
-    return mixed.gather(2, children[:, None, :].expand(-1, parents.shape[1], -1)).double()
+def copy_transitions(net: FeatureDrafterNet, own: torch.Tensor, parents: torch.Tensor, children: torch.Tensor,
+                     ptr: Pointer) -> torch.Tensor:
+    """The transitions of a block drafter with a pointer head, [n, k, k]: at each child candidate,
+    the log of the position's own distribution (logits `own` [n, V], or [n, k, V] per parent for a
+    Markov drafter) mixed with the copies of the sources that agree with the lead and with the
+    parent candidate (their token s+j+1). parents / children [n, k]: the candidates at positions
+    i and i+1."""
+    agree = ptr.lead & (ptr.before[:, None, :] == parents[..., None])  # [n, k, S]
+    w, match = offset_copy(ptr.scores, ptr.p, ptr.offsets, agree.transpose(0, 1))  # [k, n, S], [k, n]
+    hits = (ptr.copy[:, None, :] == children[..., None]).to(w.dtype)  # [n, child, S]
+    p_copy = torch.einsum("ans,ncs->nac", w, hits)
+    gate = net.copy_gate_logit(ptr.hidden[:, None], match.T)  # [n, k]
+    logp = _wide(own).log_softmax(-1)
+    logp = logp[:, None] if logp.dim() == 2 else logp
+    own_at = logp.gather(2, children[:, None, :].expand(-1, logp.shape[1], -1))
+    return mix_copy(own_at, gate[..., None], p_copy).double()
 
 
 class Drafter:
@@ -339,7 +369,9 @@ class FeatureDrafter(Drafter):
         c = net.cfg
         if why := misfit(c, target.cfg):
             raise CheckpointError(why)
-        self.net, self.kind, self.transitions = net, c.kind, c.kind == "block_markov"
+        # transitions: the Markov head's, or the pointer head's copies given each parent candidate
+        self.net, self.kind = net, c.kind
+        self.transitions = c.kind == "block_markov" or (c.kind == "block" and c.copy_head)
         self.emb, self.head = target.model.embed_tokens.weight, target.lm_head_weight
         self.target_layers = tuple(c.target_layers)
         self.block_size = c.block_size
@@ -392,7 +424,7 @@ class FeatureDrafter(Drafter):
     def _propose_block(self, m: int) -> Lattice:
         # the last context row predicts position 1 (for block_markov conditioned on the newest
         # token through the Markov head); m-1 mask rows predict positions 2..m
-        net, base, copies = self.net, self.cache.length, None
+        net, base = self.net, self.cache.length
         first = self.last_logits
         if self.kind == "block_markov":
             first = net.markov_logits(first, torch.tensor([self.newest], device=first.device), self.emb)[0]
@@ -405,20 +437,21 @@ class FeatureDrafter(Drafter):
             self.cache.truncate(base)
             rest = lg[0]
             if net.cfg.copy_head:  # positions 2..m as log-probabilities with the copies mixed in
-                copies = pointer_copies(net, self.keys, self.tokens, self.last_hidden[0, 0], h[0], lead,
-                                        torch.tensor(self.cache.length - 1, device=h.device))
-                rest = with_copies(rest, copies)
+                ptr = pointer(net, self.keys, self.tokens, self.last_hidden[0, 0], h[0], lead,
+                              torch.tensor(self.cache.length - 1, device=h.device))
+                rest = with_copies(rest, pointer_copies(net, ptr))
             logits = torch.cat((logits.to(rest.dtype), rest))
         lat = Lattice.from_logits(logits)
-        if self.kind == "block" or m == 1:
+        if not self.transitions or m == 1:
             return lat
-        # Markov head: later positions keep the marginal top-k as candidates and score each
-        # candidate under each parent candidate, all positions at once
-        cand = lat.tokens[1:m]  # [m-1, k]
-        if copies is not None:
-            lat.trans = copy_transitions(net, lg[0], lat.tokens[: m - 1], cand, self.emb, copies)
+        # later positions keep the marginal top-k as candidates and score each candidate under each
+        # parent candidate (Markov head, pointer head or both), all positions at once
+        parents, cand = lat.tokens[: m - 1], lat.tokens[1:m]  # [m-1, k]
+        if net.cfg.copy_head:
+            own = lg[0] if self.kind == "block" else net.markov_logits(lg[0][:, None, :], parents, self.emb)
+            lat.trans = copy_transitions(net, own, parents, cand, ptr)
             return lat
-        parent = net.markov_in(F.embedding(lat.tokens[:m - 1], self.emb))  # [m-1, k, rank]
+        parent = net.markov_in(F.embedding(parents, self.emb))  # [m-1, k, rank]
         child = F.embedding(cand, net.markov_out.weight)  # [m-1, k, rank]
         lat.trans = (logits[1:m].gather(1, cand)[:, None, :] + parent @ child.transpose(1, 2)).double()
         return lat

@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from . import treeops, trees
 from .cache import StaticCache
 from .decode import MAX_TREE, Result, Step, StepRecord, clock, emit
-from .drafters import (TOP_K, DraftLM, Drafter, FeatureDrafter, Lattice, copy_transitions, pointer_copies,
-                       with_copies)
+from .drafters import (TOP_K, DraftLM, Drafter, FeatureDrafter, Lattice, copy_transitions, pointer,
+                       pointer_copies, with_copies)
 from .model import Model, rope_tables, run_layers
 
 
@@ -48,6 +48,7 @@ class _FeatureDraft:
 
     def __init__(self, d: FeatureDrafter, m: int, max_len: int):
         self.net, self.kind, self.emb, self.head, self.m = d.net, d.kind, d.emb, d.head, m
+        self.transitions = d.transitions
         self.body = d.net.cfg.body()
         dev, dt = self.head.device, self.head.dtype
         self.cache = StaticCache(self.body, max_len, dev, dt)
@@ -101,7 +102,7 @@ class _FeatureDraft:
                 hidden = h.view(1, 1, -1)
                 rows.append(F.linear(net.norm(h[-1]), self.head))
             return (*_lattice(torch.stack(rows)), None)
-        first, copies = self.logits, None
+        first = self.logits
         if self.kind == "block_markov":
             first = net.markov_logits(first, root, self.emb)[0]
         logits = first[None]
@@ -109,18 +110,19 @@ class _FeatureDraft:
             self.cache.plan(m - 1, full=True)
             lead = first.argmax().view(1)
             h = self._layers(net.block_rows(lead, m - 1, self.emb))
-            rest = F.linear(net.norm(h), self.head)
+            rest = mask_logits = F.linear(net.norm(h), self.head)
             if self.copy:  # positions 2..m as log-probabilities with the copies mixed in
-                copies = pointer_copies(net, self.keys, self.tokens, self.hidden[0, 0], h, lead, self.cache.length - 1)
-                rest, mask_logits = with_copies(rest, copies), rest
+                ptr = pointer(net, self.keys, self.tokens, self.hidden[0, 0], h, lead, self.cache.length - 1)
+                rest = with_copies(rest, pointer_copies(net, ptr))
             logits = torch.cat((logits.to(rest.dtype), rest))
         tok, logp = _lattice(logits)
-        if self.kind != "block_markov" or m == 1:
+        if not self.transitions or m == 1:
             return tok, logp, None
-        cand = tok[1:m]
-        if copies is not None:
-            return tok, logp, copy_transitions(net, mask_logits, tok[: m - 1], cand, self.emb, copies)
-        parent = net.markov_in(F.embedding(tok[: m - 1], self.emb))
+        parents, cand = tok[: m - 1], tok[1:m]
+        if self.copy:
+            own = mask_logits if self.kind == "block" else net.markov_logits(mask_logits[:, None, :], parents, self.emb)
+            return tok, logp, copy_transitions(net, own, parents, cand, ptr)
+        parent = net.markov_in(F.embedding(parents, self.emb))
         child = F.embedding(cand, net.markov_out.weight)
         return tok, logp, (logits[1:m].gather(1, cand)[:, None, :] + parent @ child.transpose(1, 2)).double()
 
@@ -372,7 +374,7 @@ class FastDecoder:
         tree_rows, argmax = self.rec
         if self.device_draft is not None:
             tok, logp, trans = (t.detach().cpu().clone() for t in self.lat)
-            markov = getattr(self.device_draft, "kind", None) == "block_markov" and self.m > 1
+            markov = getattr(self.device_draft, "transitions", False) and self.m > 1
             lat = Lattice(tok, logp, trans if markov else None)
         tree = treeops.to_tree(tree_rows)
         keep = [i for i, v in enumerate(tree_rows.valid.tolist()) if v]

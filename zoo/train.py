@@ -485,14 +485,17 @@ def copy_probs(net: FeatureDrafterNet, h: torch.Tensor, seqs: torch.Tensor, pick
     [B, anchors * (m-1)], from the rows' pre-norm hidden states h [B, rows, H] (`drafter_loss`'s
     rows: L-2 context rows, then m-1 mask rows per anchor). Anchor p's context row points; its mask
     row j-1 (drafted position j+1, label p+j+2) reads at offset j the sources whose token s+2 is the
-    anchor's position-1 token."""
+    anchor's position-1 token and whose token s+j+1 is the label's true predecessor p+j+1 (the
+    parent a transition is scored under: `copy_transitions`)."""
     B, L = seqs.shape
     ctx, dev = L - 2, seqs.device
     scores = net.copy_key(h[:, :ctx]) @ net.copy_query(h[:, picks]).transpose(1, 2)  # [B, source, anchor]
-    agree = seqs[:, 2 : ctx + 2][:, None, :] == seqs[:, picks + 2][..., None]  # [B, anchor, source]
     j = torch.arange(1, m, device=dev)
+    at = (torch.arange(ctx, device=dev) + j[:, None] + 1).clamp(max=L - 1)  # a source's predecessor, [m-1, source]
+    agree = ((seqs[:, 2 : ctx + 2][:, None, None, :] == seqs[:, picks + 2][..., None, None])
+             & (seqs[:, at][:, None] == seqs[:, block_span(picks, 2, m - 1)].view(B, len(picks), m - 1, 1)))
     w, match = offset_copy(scores.transpose(1, 2), picks.expand(B, -1), j, agree)  # [B, anchor, m-1, source]
-    src = seqs[:, (torch.arange(ctx, device=dev) + j[:, None] + 2).clamp(max=L - 1)]  # [B, m-1, source]
+    src = seqs[:, (at + 1).clamp(max=L - 1)]  # [B, m-1, source]
     labels = seqs[:, block_span(picks, 3, m - 1)].view(B, len(picks), m - 1)
     return (w * (src[:, None] == labels[..., None])).sum(-1).flatten(1), match.flatten(1)
 

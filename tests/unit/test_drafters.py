@@ -51,7 +51,7 @@ def test_feature_drafter_round_trip_and_lattice(kind, lead, norm, copy, target, 
     assert torch.all(lat.logp[:, :-1] >= lat.logp[:, 1:])  # sorted, best first
     assert torch.all(lat.logp.exp().sum(-1) <= 1 + 1e-9)  # log-probabilities of distinct tokens
     assert len(lat.chain()) == 8
-    if kind == "block_markov" and copy:  # transitions mixed with copies: tests/unit/test_zoo_train.py
+    if copy:  # transitions of copies given each parent: tests/unit/test_zoo_train.py
         assert lat.trans.shape == (7, TOP_K, TOP_K) and torch.all(lat.trans.exp().sum(-1) <= 1 + 1e-6)
     elif kind == "block_markov":
         assert lat.trans.shape == (7, TOP_K, TOP_K)

@@ -22,14 +22,16 @@ def net(kind, block=6, lead_token=False, input_norm=False, copy_head=False):
                               copy_head=copy_head)
 
 
-def pointer(n, h, seq, p, j):
+def pointer(n, h, seq, p, j, parent=None):
     """The pointer head by its definition, source by source, for drafted position j+1 after the context
     row p (pre-norm hidden states h [rows, H] of the context rows): the sources s are those whose token
-    s+j+2 is known (s+j+2 ≤ p+1) and whose token s+2 is the position-1 token seq[p+2]; → (the copy
+    s+j+2 is known (s+j+2 ≤ p+1), whose token s+2 is the position-1 token seq[p+2] and, given a
+    parent (the token at drafted position j), whose token s+j+1 is that parent; → (the copy
     distribution: a softmax of q(p)·k(s) over them, each giving its token s+j+2; the match: log of
     the summed exp(q(p)·k(s)), at least -10, which the gate reads)."""
     out = torch.zeros(TARGET.cfg.vocab_size, dtype=torch.float64)
-    srcs = [s for s in range(p) if s + j + 2 <= p + 1 and seq[s + 2] == seq[p + 2]]
+    srcs = [s for s in range(p) if s + j + 2 <= p + 1 and seq[s + 2] == seq[p + 2]
+            and (parent is None or seq[s + j + 1] == parent)]
     if not srcs:
         return out, torch.tensor(-10.0, dtype=torch.float64)
     q = n.copy_query(h[p])
@@ -39,13 +41,13 @@ def pointer(n, h, seq, p, j):
     return out, torch.logsumexp(scores, 0).clamp_min(-10.0)
 
 
-def copied(n, h, seq, p, j):
-    return pointer(n, h, seq, p, j)[0]
+def copied(n, h, seq, p, j, parent=None):
+    return pointer(n, h, seq, p, j, parent)[0]
 
 
-def gate(n, row, h, seq, p, j):
+def gate(n, row, h, seq, p, j, parent=None):
     """The share a mask row's hidden state `row` gives its copies: sigmoid(its gate logit + copy_match × the match)."""
-    return torch.sigmoid(n.copy_gate(n.norm(row))[0] + n.copy_match[0] * pointer(n, h, seq, p, j)[1])
+    return torch.sigmoid(n.copy_gate(n.norm(row))[0] + n.copy_match[0] * pointer(n, h, seq, p, j, parent)[1])
 
 
 def primed(n, seq, p):
@@ -97,8 +99,9 @@ def copy_case(m, kind="block"):
 @pytest.mark.parametrize("kind", ["block", "block_markov"])
 def test_copy_head_inference_equals_its_definition(kind):
     """Positions 2..m of a pointer-head block drafter's lattice: (1 - g) × the mask row's softmax +
-    g × `copied`, g the row's gate; position 1 is the context row's own. A Markov drafter's
-    transitions mix the same copies into each parent's own distribution."""
+    g × `copied`, g the row's gate; position 1 is the context row's own. Its transitions mix, under
+    each parent candidate, the copies of the sources that also agree with that parent into the
+    position's own distribution (a Markov drafter's: the parent's)."""
     m = 6
     n, seq, p = copy_case(m, kind)
     emb, head = TARGET.model.embed_tokens.weight, TARGET.lm_head_weight
@@ -110,29 +113,35 @@ def test_copy_head_inference_equals_its_definition(kind):
     first = logits[0, p]
     if kind == "block_markov":
         first = n.markov_logits(first, torch.tensor([seq[p + 1]]), emb)[0]
-    ref, gates = [torch.log_softmax(first, -1)], []
+    ref = [torch.log_softmax(first, -1)]
     for j in range(1, m):
-        gates.append(gate(n, h[0, ctx + j - 1], h[0], seq, p, j))
-        ref.append(torch.log((1 - gates[-1]) * torch.softmax(logits[0, ctx + j - 1], -1)
-                             + gates[-1] * copied(n, h[0], seq, p, j)))
+        g = gate(n, h[0, ctx + j - 1], h[0], seq, p, j)
+        ref.append(torch.log((1 - g) * torch.softmax(logits[0, ctx + j - 1], -1) + g * copied(n, h[0], seq, p, j)))
     assert any(copied(n, h[0], seq, p, j).sum() > 0 for j in range(1, m))  # the copies do take part
     top = torch.stack(ref).topk(16, dim=-1)
     lat = primed(n, seq, p).propose(m)
     assert torch.equal(lat.tokens, top.indices)
     torch.testing.assert_close(lat.logp, top.values, rtol=1e-9, atol=1e-9)
-    if kind == "block_markov":  # transition j-1: parent a (a candidate at position j) → child b
-        for j in range(1, m):
-            for a, parent in enumerate(lat.tokens[j - 1].tolist()):
-                own = torch.softmax(n.markov_logits(logits[0, ctx + j - 1], torch.tensor([parent]), emb)[0], -1)
-                mix = (1 - gates[j - 1]) * own + gates[j - 1] * copied(n, h[0], seq, p, j)
-                torch.testing.assert_close(lat.trans[j - 1, a], mix[lat.tokens[j]].log(), rtol=1e-9, atol=1e-9)
+    took_part = 0  # transition j-1: parent a (a candidate at position j) → child b
+    for j in range(1, m):
+        for a, parent in enumerate(lat.tokens[j - 1].tolist()):
+            own = logits[0, ctx + j - 1]
+            if kind == "block_markov":
+                own = n.markov_logits(own, torch.tensor([parent]), emb)[0]
+            g, c = gate(n, h[0, ctx + j - 1], h[0], seq, p, j, parent), copied(n, h[0], seq, p, j, parent)
+            took_part += c.sum() > 0
+            mix = (1 - g) * torch.softmax(own, -1) + g * c
+            torch.testing.assert_close(lat.trans[j - 1, a], mix[lat.tokens[j]].log(), rtol=1e-9, atol=1e-9)
+    assert took_part and (lat.tokens[:m - 1].numel() > took_part)  # some parents find sources, some none
 
 
 @torch.no_grad()
 def test_copy_head_training_equals_its_definition():
     m = 6
     n, seq, p = copy_case(m)
-    seqs = torch.tensor([seq, seq[::-1]])
+    broken = list(seq)  # a unit broken in places: sources that agree with the lead, not with the predecessor
+    broken[5], broken[8] = broken[6], broken[4]
+    seqs = torch.tensor([broken, seq[::-1]])
     emb = TARGET.model.embed_tokens.weight
     feats = TARGET(seqs, feature_layers=(0, 2, 3)).features
     picks = torch.tensor([p, 11, 7, p])
@@ -141,13 +150,17 @@ def test_copy_head_training_equals_its_definition():
     h, _ = n(rows, TARGET.lm_head_weight)  # context rows, causal
     got, match = train.copy_probs(n, torch.cat((h, torch.zeros(2, len(picks) * (m - 1), h.shape[-1], dtype=h.dtype)), 1),
                                   seqs, picks, m)
-    refs = [[pointer(n, h[b], seqs[b].tolist(), a, j) for a in picks.tolist() for j in range(1, m)] for b in range(2)]
+    refs = [[pointer(n, h[b], seqs[b].tolist(), a, j, int(seqs[b, a + j + 1])) for a in picks.tolist()
+             for j in range(1, m)] for b in range(2)]
     labels = [[int(seqs[b, a + j + 2]) for a in picks.tolist() for j in range(1, m)] for b in range(2)]
     ref = torch.tensor([[float(d[t]) for (d, _), t in zip(rb, lb)] for rb, lb in zip(refs, labels)], dtype=torch.float64)
     assert (ref > 0).any()
     torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-12)
     ref_match = torch.tensor([[float(mt) for _, mt in rb] for rb in refs], dtype=torch.float64)
     assert (ref_match > -10).any() and (ref_match == -10).any()  # sources and none
+    lead_only = [[pointer(n, h[b], seqs[b].tolist(), a, j)[1] for a in picks.tolist() for j in range(1, m)]
+                 for b in range(2)]
+    assert (torch.tensor(lead_only, dtype=torch.float64) != ref_match).any()  # the predecessor narrows the sources
     torch.testing.assert_close(match, ref_match, rtol=1e-9, atol=1e-9)
 
 
@@ -205,7 +218,7 @@ def test_block_loss_equals_a_block_by_block_reference(kind, context_weight):
     CUDA graph can hold it); built block by block from block_rows and slices, the loss is the same.
     Each context row weighs context_weight against a mask row's position weight (0: mask rows only).
     With a pointer head a mask row's likelihood is its mixture with `copied` (context rows: their own)."""
-    copy = kind == "block_copy"
+    copy = kind.endswith("_copy")
     kind = kind.removesuffix("_copy")
     n, m, start = net(kind, lead_token=True, copy_head=copy), 6, 8
     emb, head = TARGET.model.embed_tokens.weight, TARGET.lm_head_weight
@@ -234,8 +247,9 @@ def test_block_loss_equals_a_block_by_block_reference(kind, context_weight):
             for a, p in enumerate(ps):
                 for j in range(1, m):
                     r = ctx + a * (m - 1) + j - 1
-                    g = gate(n, h[b, r], h[b, :ctx], seqs[b].tolist(), p, j)
-                    c = copied(n, h[b, :ctx], seqs[b].tolist(), p, j)[labels[b, r]]
+                    before = int(seqs[b, p + j + 1])  # the label's true predecessor
+                    g = gate(n, h[b, r], h[b, :ctx], seqs[b].tolist(), p, j, before)
+                    c = copied(n, h[b, :ctx], seqs[b].tolist(), p, j, before)[labels[b, r]]
                     nll[b, r] = -torch.log((1 - g) * torch.exp(-nll[b, r]) + g * c)
     ref = (nll[:, lo:] * w[lo:]).sum() / (B * w[lo:].sum())
     torch.testing.assert_close(got, ref.to(got.dtype), rtol=1e-5, atol=1e-6)
