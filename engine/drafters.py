@@ -9,7 +9,9 @@ the target's cache):
                  of a known token instead of two. With `copy_head` a pointer head mixes copies
                  from the context into positions 2..m (`offset_copy`): the last context row points
                  at earlier rows like itself that agree with the drafted position-1 token, and
-                 position j+1 reads the token j places after each — a span copied in one pass.
+                 position j+1 reads the token j places after each — a span copied in one pass;
+                 its transitions keep, under each parent candidate, the sources that also agree
+                 with that parent.
 - `block_markov` DSpark-like: `block` plus a Markov head giving score(child | parent).
 - `ngram`        prompt lookup, no weights.
 - `draft_lm`     a standalone small LM (any target-format checkpoint), greedy, one token per step.
@@ -308,6 +310,21 @@ def with_copies(logits: torch.Tensor, copies: tuple[torch.Tensor, torch.Tensor])
     return mix_copy(_wide(logits).log_softmax(-1), *copies)
 
 
+def block_transitions(net: FeatureDrafterNet, logits: torch.Tensor, parents: torch.Tensor, children: torch.Tensor,
+                      emb: torch.Tensor, ptr: Pointer | None) -> torch.Tensor:
+    """A block drafter's transitions [n, k, k] from its mask rows' logits [n, V] (drafted positions
+    2..n+1; parents / children [n, k]: the candidates at positions i and i+1): with a pointer head
+    `copy_transitions` (over the Markov head's distributions, if any); with the Markov head alone the
+    child's logit plus the low-rank parent term (trees normalize over a parent's candidates)."""
+    markov = net.cfg.kind == "block_markov"
+    if ptr is not None:
+        return copy_transitions(net, net.markov_logits(logits[:, None, :], parents, emb) if markov else logits,
+                                parents, children, ptr)
+    parent = net.markov_in(F.embedding(parents, emb))  # [n, k, rank]
+    child = F.embedding(children, net.markov_out.weight)  # [n, k, rank]
+    return (logits.gather(1, children)[:, None, :] + parent @ child.transpose(1, 2)).double()
+
+
 def copy_transitions(net: FeatureDrafterNet, own: torch.Tensor, parents: torch.Tensor, children: torch.Tensor,
                      ptr: Pointer) -> torch.Tensor:
     """The transitions of a block drafter with a pointer head, [n, k, k]: at each child candidate,
@@ -424,7 +441,7 @@ class FeatureDrafter(Drafter):
     def _propose_block(self, m: int) -> Lattice:
         # the last context row predicts position 1 (for block_markov conditioned on the newest
         # token through the Markov head); m-1 mask rows predict positions 2..m
-        net, base = self.net, self.cache.length
+        net, base, ptr = self.net, self.cache.length, None
         first = self.last_logits
         if self.kind == "block_markov":
             first = net.markov_logits(first, torch.tensor([self.newest], device=first.device), self.emb)[0]
@@ -446,14 +463,7 @@ class FeatureDrafter(Drafter):
             return lat
         # later positions keep the marginal top-k as candidates and score each candidate under each
         # parent candidate (Markov head, pointer head or both), all positions at once
-        parents, cand = lat.tokens[: m - 1], lat.tokens[1:m]  # [m-1, k]
-        if net.cfg.copy_head:
-            own = lg[0] if self.kind == "block" else net.markov_logits(lg[0][:, None, :], parents, self.emb)
-            lat.trans = copy_transitions(net, own, parents, cand, ptr)
-            return lat
-        parent = net.markov_in(F.embedding(parents, self.emb))  # [m-1, k, rank]
-        child = F.embedding(cand, net.markov_out.weight)  # [m-1, k, rank]
-        lat.trans = (logits[1:m].gather(1, cand)[:, None, :] + parent @ child.transpose(1, 2)).double()
+        lat.trans = block_transitions(net, lg[0], lat.tokens[: m - 1], lat.tokens[1:m], self.emb, ptr)
         return lat
 
 

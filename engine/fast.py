@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from . import treeops, trees
 from .cache import StaticCache
 from .decode import MAX_TREE, Result, Step, StepRecord, clock, emit
-from .drafters import (TOP_K, DraftLM, Drafter, FeatureDrafter, Lattice, copy_transitions, pointer,
+from .drafters import (TOP_K, DraftLM, Drafter, FeatureDrafter, Lattice, block_transitions, pointer,
                        pointer_copies, with_copies)
 from .model import Model, rope_tables, run_layers
 
@@ -102,7 +102,7 @@ class _FeatureDraft:
                 hidden = h.view(1, 1, -1)
                 rows.append(F.linear(net.norm(h[-1]), self.head))
             return (*_lattice(torch.stack(rows)), None)
-        first = self.logits
+        first, ptr = self.logits, None
         if self.kind == "block_markov":
             first = net.markov_logits(first, root, self.emb)[0]
         logits = first[None]
@@ -118,13 +118,7 @@ class _FeatureDraft:
         tok, logp = _lattice(logits)
         if not self.transitions or m == 1:
             return tok, logp, None
-        parents, cand = tok[: m - 1], tok[1:m]
-        if self.copy:
-            own = mask_logits if self.kind == "block" else net.markov_logits(mask_logits[:, None, :], parents, self.emb)
-            return tok, logp, copy_transitions(net, own, parents, cand, ptr)
-        parent = net.markov_in(F.embedding(parents, self.emb))
-        child = F.embedding(cand, net.markov_out.weight)
-        return tok, logp, (logits[1:m].gather(1, cand)[:, None, :] + parent @ child.transpose(1, 2)).double()
+        return tok, logp, block_transitions(net, mask_logits, tok[: m - 1], tok[1:m], self.emb, ptr)
 
 
 class _DraftLMDraft:
