@@ -120,7 +120,8 @@ def main() -> int:
         net = B.as_stored(net, getattr(torch, r.store_dtype))
         per_prompt = {k: B.prompt_taus(target, FeatureDrafter(net, target), cs, r.block) for k, cs in conts.items()}
         result["runs"].append({"kind": args.kind, "lead_token": lead, "copy_head": copy, "input_norm": norm,
-                               "layers": layers, "steps": steps, "lr": lr, "anchors": a, "optimizer": opt, "context_weight": cw, "train_s": train_s,
+                               "layers": layers, "steps": steps, "lr": lr, "anchors": a, "optimizer": opt,
+                               "context_weight": cw, "train_s": train_s,
                                "tau": {k: B.pooled_tau(v) for k, v in per_prompt.items()},
                                "reach": {k: reach(v) for k, v in per_prompt.items()},
                                "tau_per_prompt": {k: [B.pooled_tau([t]) for t in v] for k, v in per_prompt.items()}})

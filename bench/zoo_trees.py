@@ -9,7 +9,8 @@ exactly the calls of online decoding and accepted against it (`drafter_taus`: on
 step, without the target's verify passes; test_drafter_replay_gives_the_online_taus) for chain and
 best-first:32, and once more with best-first:63 recording its lattices (16 drafted positions); every
 other policy is replayed on those lattices (chain, best-first 16/32/63, top-k at 16, Sequoia at 16
-fitted on the record, oracle at 8 and 16 positions, best-first without the Markov transitions).
+fitted on the record, oracle at 8 and 16 positions, best-first without the transitions: Markov
+head's or pointer head's).
 `--jobs N` deals the prompts to N processes of one torch thread each (the figures are the same).
 Also the memory a hybrid needs for tree verification at N = 32 with per-node state snapshots
 against root-path replay.

@@ -246,17 +246,15 @@ def _wide(x: torch.Tensor) -> torch.Tensor:
 
 
 def offset_copy(scores: torch.Tensor, p: torch.Tensor, offsets: torch.Tensor,
-                allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Pointer weights of one query row at position p over source rows s = 0..S-1 (scores [..., S],
     p [...]) for each offset j (drafted position j+1, `offsets` [J]) → ([..., J, S], [..., J]): a
     softmax over the sources s ≤ p-1-j, those whose token s+j+2 (what row s is j places short of) is
-    known, and `allowed` (bool, broadcastable to [..., J, S]) where given; zero for the others, and
+    known, and `allowed` (bool, broadcastable to [..., J, S]); zero for the others, and
     all zero where none is; and the match, the log of the summed exp(score) over those sources, at
     least -10 (-10 where there is none): how strongly the query found anything to copy."""
     s = torch.arange(scores.shape[-1], device=scores.device)
-    valid = s <= (p[..., None, None] - 1 - offsets[:, None])
-    if allowed is not None:
-        valid = valid & allowed
+    valid = (s <= (p[..., None, None] - 1 - offsets[:, None])) & allowed
     x = _wide(scores)
     x = torch.where(valid, x[..., None, :], torch.finfo(x.dtype).min)
     return x.softmax(-1) * valid, x.logsumexp(-1).clamp_min(-10.0)
@@ -318,8 +316,8 @@ def block_transitions(net: FeatureDrafterNet, logits: torch.Tensor, parents: tor
     child's logit plus the low-rank parent term (trees normalize over a parent's candidates)."""
     markov = net.cfg.kind == "block_markov"
     if ptr is not None:
-        return copy_transitions(net, net.markov_logits(logits[:, None, :], parents, emb) if markov else logits,
-                                parents, children, ptr)
+        own = logits[:, None, :]
+        return copy_transitions(net, net.markov_logits(own, parents, emb) if markov else own, parents, children, ptr)
     parent = net.markov_in(F.embedding(parents, emb))  # [n, k, rank]
     child = F.embedding(children, net.markov_out.weight)  # [n, k, rank]
     return (logits.gather(1, children)[:, None, :] + parent @ child.transpose(1, 2)).double()
@@ -328,8 +326,8 @@ def block_transitions(net: FeatureDrafterNet, logits: torch.Tensor, parents: tor
 def copy_transitions(net: FeatureDrafterNet, own: torch.Tensor, parents: torch.Tensor, children: torch.Tensor,
                      ptr: Pointer) -> torch.Tensor:
     """The transitions of a block drafter with a pointer head, [n, k, k]: at each child candidate,
-    the log of the position's own distribution (logits `own` [n, V], or [n, k, V] per parent for a
-    Markov drafter) mixed with the copies of the sources that agree with the lead and with the
+    the log of the position's own distribution (logits `own` [n, 1, V], or [n, k, V] per parent for
+    a Markov drafter) mixed with the copies of the sources that agree with the lead and with the
     parent candidate (their token s+j+1). parents / children [n, k]: the candidates at positions
     i and i+1."""
     agree = ptr.lead & (ptr.before[:, None, :] == parents[..., None])  # [n, k, S]
@@ -338,7 +336,6 @@ def copy_transitions(net: FeatureDrafterNet, own: torch.Tensor, parents: torch.T
     p_copy = torch.einsum("ans,ncs->nac", w, hits)
     gate = net.copy_gate_logit(ptr.hidden[:, None], match.T)  # [n, k]
     logp = _wide(own).log_softmax(-1)
-    logp = logp[:, None] if logp.dim() == 2 else logp
     own_at = logp.gather(2, children[:, None, :].expand(-1, logp.shape[1], -1))
     return mix_copy(own_at, gate[..., None], p_copy).double()
 
@@ -388,7 +385,7 @@ class FeatureDrafter(Drafter):
             raise CheckpointError(why)
         # transitions: the Markov head's, or the pointer head's copies given each parent candidate
         self.net, self.kind = net, c.kind
-        self.transitions = c.kind == "block_markov" or (c.kind == "block" and c.copy_head)
+        self.transitions = c.kind == "block_markov" or c.copy_head  # copy_head: block kinds only
         self.emb, self.head = target.model.embed_tokens.weight, target.lm_head_weight
         self.target_layers = tuple(c.target_layers)
         self.block_size = c.block_size

@@ -368,8 +368,8 @@ class FastDecoder:
         tree_rows, argmax = self.rec
         if self.device_draft is not None:
             tok, logp, trans = (t.detach().cpu().clone() for t in self.lat)
-            markov = getattr(self.device_draft, "transitions", False) and self.m > 1
-            lat = Lattice(tok, logp, trans if markov else None)
+            kept = getattr(self.device_draft, "transitions", False) and self.m > 1
+            lat = Lattice(tok, logp, trans if kept else None)
         tree = treeops.to_tree(tree_rows)
         keep = [i for i, v in enumerate(tree_rows.valid.tolist()) if v]
         am = argmax.tolist()
