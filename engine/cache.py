@@ -106,27 +106,34 @@ class Cache:
 
 class StaticCache:
     """Decoding state at fixed addresses, for the static-shape path (fast.py): every buffer is
-    allocated once, the committed length is a device tensor, and a pass over n rows is described by
-    device tensors too (`plan`), so a whole speculative step can be captured as one CUDA graph.
+    allocated once, the committed lengths are a device tensor, and a pass over n rows is described
+    by device tensors too (`plan`), so a whole speculative step can be captured as one CUDA graph.
 
-    A pass writes its rows' K/V into slots [length, length + n); rows see every committed slot and
-    their own ancestors-or-self among the new rows (a chain: every earlier row). Gated DeltaNet
-    layers run the tree form (gdn.tree_gated_delta_rule) from the committed state and keep, per
-    row, only what a commit needs (k, u, G and the pre-conv input); `commit(path, tau)` then moves
-    the accepted rows' K/V to consecutive slots and sets each recurrent state to the state after
-    the deepest accepted row. A pass planned with `commit_all` (prefill, a drafter's context rows)
-    updates the recurrent state in place and the caller advances `length` itself."""
+    The cache holds `lanes` requests side by side (a batch): lane b owns max_len slots, its own
+    recurrent and conv state and its committed length `lengths[b]` (`length`: lane 0's, for a
+    cache of one lane). A pass plans the same n rows in every lane (rows [lanes, n], each lane its
+    own tree), or n rows in one lane only (`lane=`: a prefill, the other lanes untouched).
 
-    def __init__(self, cfg: ModelConfig, max_len: int, device, dtype: torch.dtype):
-        self.cfg, self.max_len = cfg, max_len
-        self.length = torch.zeros((), dtype=torch.long, device=device)
+    A pass writes a lane's rows' K/V into its slots [length, length + n); rows see every committed
+    slot of their lane and their own ancestors-or-self among its new rows (a chain: every earlier
+    row). Gated DeltaNet layers run the tree form (gdn.tree_gated_delta_rule) from the committed
+    state and keep, per row, only what a commit needs (k, u, G and the pre-conv input);
+    `commit(path, tau)` then moves each lane's accepted rows' K/V to consecutive slots and sets its
+    recurrent state to the state after its deepest accepted row. A pass planned with `commit_all`
+    (prefill, a drafter's context rows) updates the recurrent state in place and the caller
+    advances the length itself."""
+
+    def __init__(self, cfg: ModelConfig, max_len: int, device, dtype: torch.dtype, lanes: int = 1):
+        self.cfg, self.max_len, self.lanes = cfg, max_len, lanes
+        self.lengths = torch.zeros(lanes, dtype=torch.long, device=device)
+        self.length = self.lengths[0]  # a view: lane 0's committed length
         self.k, self.v, self.h, self.conv = {}, {}, {}, {}
         self.stash = {}  # GDN layer -> (k, u, G), pre-conv rows, of the last pass
         self.ctx = None
         sdt = state_dtype(dtype)
         attn = [i for i, t in enumerate(cfg.layer_types) if t != "linear_attention"]
         # every attention layer's K and V in one buffer: a commit moves all their rows in one go
-        self.kv = torch.zeros(len(attn), 2, 1, cfg.num_key_value_heads, max_len, cfg.head_dim, device=device,
+        self.kv = torch.zeros(len(attn), 2, lanes, cfg.num_key_value_heads, max_len, cfg.head_dim, device=device,
                               dtype=dtype)
         for j, i in enumerate(attn):
             self.k[i], self.v[i] = self.kv[j, 0], self.kv[j, 1]
@@ -134,82 +141,104 @@ class StaticCache:
             if t == "linear_attention":
                 nv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
                 conv_dim = 2 * cfg.linear_num_key_heads * dk + nv * dv
-                self.h[i] = torch.zeros(nv, dk, dv, device=device, dtype=sdt)
-                self.conv[i] = torch.zeros(cfg.linear_conv_kernel_dim - 1, conv_dim, device=device, dtype=dtype)
+                self.h[i] = torch.zeros(lanes, nv, dk, dv, device=device, dtype=sdt)
+                self.conv[i] = torch.zeros(lanes, cfg.linear_conv_kernel_dim - 1, conv_dim, device=device,
+                                           dtype=dtype)
 
-    def reset(self) -> None:
-        self.length.zero_()
+    def reset(self, lane: int | None = None) -> None:
+        """Empty every lane, or one."""
+        sel = slice(None) if lane is None else slice(lane, lane + 1)
+        self.lengths[sel] = 0
         for t in (*self.h.values(), *self.conv.values()):
-            t.zero_()
+            t[sel] = 0
+
+    def view(self, buf: torch.Tensor) -> torch.Tensor:
+        """A per-lane buffer ([lanes, ...]) as the planned pass sees it: every lane, or its one lane."""
+        lane = self.ctx.lane
+        return buf if lane is None else buf[lane : lane + 1]
 
     def plan(self, n: int, parents: torch.Tensor | None = None, depth: torch.Tensor | None = None,
-             max_depth: int = 0, commit_all: bool = False, offset: int = 0, full: bool = False) -> None:
-        """Describe the next pass: n rows, a tree by `parents` (node 0 the root, its own parent),
-        `depth` and its largest possible depth, or a chain when parents is None (`full`: rows that
-        all see each other, as a block drafter's). `offset` places the rows that many slots past
-        the committed length, the rows between counting as committed (a drafter's own chain)."""
-        dev = self.length.device
+             max_depth: int = 0, commit_all: bool = False, offset: int = 0, full: bool = False,
+             lane: int | None = None) -> None:
+        """Describe the next pass: n rows per lane, a tree by `parents` ([lanes, n] or [n] for one
+        lane; node 0 the root, its own parent), `depth` and its largest possible depth, or a chain
+        when parents is None (`full`: rows that all see each other, as a block drafter's).
+        `offset` places the rows that many slots past the committed length, the rows between
+        counting as committed (a drafter's own chain). `lane`: the pass runs in that lane only."""
+        dev = self.lengths.device
         idx = torch.arange(n, device=dev)
+        L = self.lengths if lane is None else self.lengths[lane : lane + 1]
+        L = L + offset if offset else L
+        B = L.shape[0]
         if parents is None:
-            parents, depth = (idx - 1).clamp_min(0), idx
+            parents, depth = (idx - 1).clamp_min(0).expand(B, n), idx.expand(B, n)
             anc = torch.ones(n, n, dtype=torch.bool, device=dev)
-            anc = anc if full else anc.tril()
+            anc = (anc if full else anc.tril()).expand(B, n, n)
         else:
+            parents, depth = parents.view(B, n), depth.view(B, n)
             anc = ancestors(parents, max_depth)
-        L = self.length + offset if offset else self.length
-        slots = L + idx
-        positions = (L + depth)[None]
-        kslot = torch.arange(self.max_len, device=dev)
-        rel = kslot - L
+        slots = L[:, None] + idx  # [B, n], within each lane
+        positions = L[:, None] + depth
+        rel = torch.arange(self.max_len, device=dev)[None, :] - L[:, None]  # [B, S]
         new = (rel >= 0) & (rel < n)
         relc = rel.clamp(0, n - 1)
-        seen = (kslot < L)[None, :] | (new[None, :] & anc[:, relc])  # [n, max_len]
+        seen = (rel < 0)[:, None, :] | (new[:, None, :] & anc.gather(2, relc[:, None, :].expand(B, n, -1)))
         window = self.cfg.sliding_window
         wmask = None
         if window and "sliding_attention" in self.cfg.layer_types:
-            kpos = torch.where(new, L + depth[relc], kslot)
-            wmask = seen & (kpos[None, :] > positions[0][:, None] - window)
+            kpos = torch.where(new, L[:, None] + depth.gather(1, relc), rel + L[:, None])  # [B, S]
+            wmask = seen & (kpos[:, None, :] > positions[:, :, None] - window)
         conv_idx = conv_windows(parents, depth, self.cfg.linear_conv_kernel_dim) if self.h else None
-        self.ctx = Pass(n, slots, positions, seen, wmask, anc, parents, depth, conv_idx, commit_all)
+        self.ctx = Pass(n, slots, positions, seen, wmask, anc, parents, depth, conv_idx, commit_all, lane,
+                        torch.arange(B, device=dev)[:, None])
 
     def commit(self, path: torch.Tensor, tau: torch.Tensor, compact: bool = True) -> None:
-        """Keep the pass's rows path[:tau] (path: [D] row indices, root first; entries past tau are
-        ignored but must be valid rows). compact=False: the path is a prefix (a chain), whose K/V
-        already sit in consecutive slots."""
-        L, D = self.length, path.shape[0]
+        """Keep each lane's rows path[b, :tau[b]] of a pass planned over every lane (path: [lanes, D]
+        row indices, root first; entries past tau are ignored but must be valid rows; [D] and a
+        0-d tau for one lane). A lane with tau 0 keeps its length (an idle lane). compact=False: the
+        paths are prefixes (chains), whose K/V already sit in consecutive slots."""
+        B = self.lanes
+        path, tau = path.view(B, -1), tau.view(B)
+        L, D = self.lengths, path.shape[1]
+        lane = self.ctx.batch
         if compact and self.k:  # gather first, then write: sources and destinations may overlap
-            src, dst = L + path, L + torch.arange(D, device=path.device)
-            self.kv.index_copy_(4, dst, self.kv.index_select(4, src))
-        deepest = path.gather(0, (tau - 1).view(1))[0]
+            src, dst = L[:, None] + path, L[:, None] + torch.arange(D, device=path.device)
+            self.kv[:, :, lane, :, dst] = self.kv[:, :, lane, :, src]
+        deepest = path.gather(1, (tau - 1).clamp_min(0)[:, None])[:, 0]  # [B]
+        n = self.ctx.n
         for i in self.h:
             kug, mixed = self.stash[i]
-            self.h[i].copy_(gdn_tree_state(self.h[i], kug, self.ctx.anc.index_select(0, deepest.view(1))[0], deepest))
-            k1 = self.conv[i].shape[0]
-            seq = torch.cat((self.conv[i], mixed.index_select(0, path)))  # [k1 + D, C] along the path
-            self.conv[i].copy_(seq.index_select(0, tau + torch.arange(k1, device=path.device)))
-        self.length += tau
+            anc_row = self.ctx.anc.gather(1, deepest[:, None, None].expand(B, 1, n))[:, 0]
+            self.h[i].copy_(gdn_tree_state(self.h[i], kug, anc_row, deepest))
+            k1, C = self.conv[i].shape[1:]
+            seq = torch.cat((self.conv[i], mixed.gather(1, path[..., None].expand(B, D, C))), 1)  # along the path
+            keep = tau[:, None] + torch.arange(k1, device=path.device)
+            self.conv[i].copy_(seq.gather(1, keep[..., None].expand(B, k1, C)))
+        self.lengths += tau
 
 
 class Pass(NamedTuple):
     n: int
-    slots: torch.Tensor  # [n] where the rows' K/V go
-    positions: torch.Tensor  # [1, n]
-    mask: torch.Tensor  # [n, max_len] bool: slots each row attends to
+    slots: torch.Tensor  # [B, n] where each lane's rows' K/V go, within the lane
+    positions: torch.Tensor  # [B, n]
+    mask: torch.Tensor  # [B, n, max_len] bool: slots of its lane each row attends to
     window_mask: torch.Tensor | None  # the same for sliding-window layers
-    anc: torch.Tensor  # [n, n] bool: ancestors-or-self
-    parents: torch.Tensor  # [n], the root its own parent
-    depth: torch.Tensor  # [n]
-    conv_idx: torch.Tensor | None  # [K, n] (hybrids): each row's conv window, see gdn.conv_windows
+    anc: torch.Tensor  # [B, n, n] bool: ancestors-or-self
+    parents: torch.Tensor  # [B, n], the root its own parent
+    depth: torch.Tensor  # [B, n]
+    conv_idx: torch.Tensor | None  # [B, K, n] (hybrids): each row's conv window, see gdn.conv_windows
     commit_all: bool
+    lane: int | None  # the one lane a pass runs in, or None: every lane
+    batch: torch.Tensor  # [B, 1]: the pass's lane numbers (0..B-1), for indexing per-lane buffers
 
 
 def ancestors(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
-    """[n, n] bool: row i marks i and its ancestors (parents[0] == 0: the root is its own parent).
-    By squaring the one-step relation: ⌈log2(max_depth + 1)⌉ small matrix products, not a
-    sequential hop per level."""
-    n = parents.shape[0]
+    """[..., n, n] bool: row i marks i and its ancestors (parents [..., n], parents[..., 0] == 0:
+    the root is its own parent). By squaring the one-step relation: ⌈log2(max_depth + 1)⌉ small
+    matrix products, not a sequential hop per level."""
+    n = parents.shape[-1]
     idx = torch.arange(n, device=parents.device)
-    step = (idx[:, None] == idx[None, :]) | (parents[:, None] == idx[None, :])  # self or parent
+    step = (idx[:, None] == idx[None, :]) | (parents[..., :, None] == idx[None, :])  # self or parent
     reach, hops = step.float(), 1
     while hops < max_depth:
         reach = ((reach @ reach) > 0).float()  # paths of up to 2·hops steps

@@ -19,8 +19,8 @@ from .config import ConfigError, ModelConfig
 from .model import Model
 
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
-FLOAT_CODES = {"F16", "BF16", "F32", "F64"}
-ITEMSIZE = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8}
+FLOAT_CODES = frozenset({"F16", "BF16", "F32", "F64"})
+ITEMSIZE = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8, "U8": 1, "I16": 2, "I32": 4}
 
 
 class CheckpointError(ValueError):
@@ -42,8 +42,9 @@ def read_config(folder) -> dict:
     return d
 
 
-def _header(path: Path) -> dict:
-    """The safetensors header, with every tensor's byte range checked against the file size."""
+def _header(path: Path, codes=FLOAT_CODES) -> dict:
+    """The safetensors header, with every tensor's byte range checked against the file size and its
+    dtype among `codes` (floating-point; a W12 folder's reader allows its parts' integer dtypes too)."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         raw = f.read(8)
@@ -68,7 +69,7 @@ def _header(path: Path) -> dict:
                 f"{path}: tensor '{name}' needs bytes up to {end} but the data section holds {body} "
                 "(truncated file — copy or download it again)"
             )
-        if info.get("dtype") not in FLOAT_CODES:
+        if info.get("dtype") not in codes:
             raise CheckpointError(
                 f"{path}: tensor '{name}' has dtype {info.get('dtype')}, expected a floating-point dtype"
             )
@@ -116,45 +117,69 @@ def _check_index_covered(folder: Path, wmap, seen) -> None:
             raise CheckpointError(f"{folder / INDEX}: lists tensors not found in their shards: {missing[:5]}")
 
 
-def header_shapes(folder) -> dict[str, tuple[int, ...]]:
-    """Every tensor's shape, from the safetensors headers only (no tensor data is read), checked as
-    `read_tensors` checks them."""
+def header_infos(folder, codes=FLOAT_CODES) -> dict[str, tuple[Path, dict]]:
+    """Every tensor's (file, header entry: dtype, shape, data_offsets), from the safetensors headers
+    only (no tensor data is read), checked as `read_tensors` checks them."""
     folder = Path(folder)
     wmap, files = _weight_files(folder)
-    out: dict[str, tuple[int, ...]] = {}
+    out: dict[str, tuple[Path, dict]] = {}
     for fname in files:
         path = folder / fname
-        for name, info in _header(path).items():
+        for name, info in _header(path, codes).items():
             if name == "__metadata__":
                 continue
             _check_shard(wmap, fname, path, name, out)
-            out[name] = tuple(info.get("shape", []))
+            out[name] = (path, info)
     _check_index_covered(folder, wmap, out)
     return out
 
 
-def read_tensors(folder, device="cpu") -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint folder, single-file or sharded."""
+def header_shapes(folder) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape, from the safetensors headers only (no tensor data is read), checked as
+    `read_tensors` checks them; a W12 folder's packed weights under their own names and shapes
+    (from config.json's quantization_config, their parts checked against it)."""
+    from .w12io import w12_header_shapes, w12_spec
+
+    spec = w12_spec(folder)
+    if spec is not None:
+        return w12_header_shapes(folder, spec)
+    return {name: tuple(info.get("shape", [])) for name, (_, info) in header_infos(folder).items()}
+
+
+def read_entries(folder, device="cpu", codes=FLOAT_CODES):
+    """(file, name, tensor) of every tensor of a checkpoint folder as stored, file by file."""
     folder = Path(folder)
     wmap, files = _weight_files(folder)
-    out: dict[str, torch.Tensor] = {}
+    seen: set[str] = set()
     for fname in files:
         path = folder / fname
-        hdr = _header(path)
+        _header(path, codes)
         try:
             handle = safe_open(str(path), framework="pt", device=str(device))
         except Exception as e:  # safetensors' own error types on a header it rejects
             raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
         with handle as f:
             for name in f.keys():
-                _check_shard(wmap, fname, path, name, out)
+                _check_shard(wmap, fname, path, name, seen)
                 try:
-                    out[name] = f.get_tensor(name)
+                    t = f.get_tensor(name)
                 except Exception as e:  # safetensors raises its own error types on corrupt data
                     raise CheckpointError(f"{path}: tensor '{name}' cannot be read ({e})") from None
-        del hdr
-    _check_index_covered(folder, wmap, out)
-    return out
+                seen.add(name)
+                yield path, name, t
+    _check_index_covered(folder, wmap, seen)
+
+
+def read_tensors(folder, device="cpu") -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint folder, single-file or sharded. A W12 folder's packed weights come
+    back as the bf16 tensors they were, each checked bit for bit against its recorded hash
+    (`w12io.read_restored`)."""
+    from .w12io import read_restored, w12_spec
+
+    spec = w12_spec(folder)
+    if spec is not None:
+        return read_restored(folder, spec, device)
+    return {name: t for _, name, t in read_entries(folder, device)}
 
 
 def check_names_shapes(expected: dict[str, tuple], given: dict[str, tuple], source) -> None:

@@ -4,11 +4,12 @@ root path whose every token equals the target's argmax at its parent, then the b
 Output is token-for-token what AR produces (up to ties broken differently by different rounding).
 
 Two drivers share the model code: this module's eager one (the CPU, tests, the demo) and the
-static-shape one in fast.py, which `generate` hands over to whenever the target is on a CUDA device."""
+static-shape one in fast.py. `generate(driver=...)` picks one (`pick_driver`): "auto" takes the
+static driver on a CUDA device when it runs the drafter and policy, else the eager one; "static"
+and "eager" force one (the eager driver on a GPU, for diagnosis)."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from .drafters import Drafter, Lattice
 from .model import Model
 
 MAX_TREE = 64  # verified rows of a tree pass at most (root included)
+DRIVERS = ("auto", "static", "eager")
 Policy = Callable[[int, Lattice], "trees.Tree"]
 
 
@@ -52,6 +54,7 @@ class Result:
     steps: list[Step] = field(default_factory=list)
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    driver: str = "eager"  # the driver that decoded it: eager | static
 
     @property
     def tau_mean(self) -> float:
@@ -73,31 +76,39 @@ def emit(out: list[int], new: list[int], eos: set[int], limit: int) -> bool:
     return False
 
 
-def static_path(target: Model, drafter: Drafter | None, policy) -> bool:
-    """Where `generate` runs the static-shape driver: a target on a CUDA device, a drafter and
-    policy it supports, and SPECPILOT_EAGER unset (the eager driver, for diagnosis)."""
-    if target.lm_head_weight.device.type != "cuda" or os.environ.get("SPECPILOT_EAGER"):
-        return False
+def pick_driver(target: Model, drafter: Drafter | None, policy, driver: str = "auto") -> str:
+    """The driver `generate` runs, "static" or "eager", for a choice in DRIVERS: "auto" is the
+    static driver on a CUDA device where it runs this drafter and policy (fast.unsupported), else
+    the eager one; "static" where it cannot run them is refused with the reason."""
+    if driver not in DRIVERS:
+        raise ValueError(f"driver {driver!r}: expected one of {DRIVERS}")
+    if driver == "eager":
+        return driver
     from . import fast
 
-    return fast.supports(drafter, policy)
+    why = fast.unsupported(drafter, policy)
+    if driver == "static" and why:
+        raise ValueError(f"driver 'static' cannot run {why}; use driver 'auto' or 'eager'")
+    return "static" if driver == "static" or (target.lm_head_weight.device.type == "cuda" and not why) else "eager"
 
 
 @torch.no_grad()
 def generate(target: Model, prompt: list[int], max_new_tokens: int, drafter: Drafter | None = None,
              draft_len: int = 8, eos: set[int] | None = None, policy: Policy | None = None,
-             record: list | None = None, logit_bias: torch.Tensor | None = None) -> Result:
+             record: list | None = None, logit_bias: torch.Tensor | None = None, driver: str = "auto") -> Result:
     """AR when drafter is None; else speculative decoding with `draft_len` drafted positions,
     verifying the tree that `policy` builds from each lattice (stock chain by default).
     `record`, when given, receives one `StepRecord` per target pass (see replay.py).
     `logit_bias` [V] is a planted defect for the controller's self-tests (added to the target's
-    logits before every argmax); never set it otherwise."""
+    logits before every argmax); never set it otherwise. `driver`: auto | static | eager (see
+    `pick_driver`); the result says which one ran."""
     if not prompt:
         raise ValueError("prompt must hold at least one token")
+    driver = pick_driver(target, drafter, policy, driver)
     if max_new_tokens <= 0:
-        return Result([])
+        return Result([], driver=driver)
     eos = set(target.cfg.eos_token_id) if eos is None else eos
-    if static_path(target, drafter, policy):  # CUDA: the static-shape driver and its graphs (fast.py)
+    if driver == "static":  # the static-shape driver and, on CUDA, its graphs (fast.py)
         from . import fast
 
         dec = fast.decoder(target, drafter, draft_len, policy, logit_bias, len(prompt) + max_new_tokens)
@@ -111,10 +122,12 @@ def generate(target: Model, prompt: list[int], max_new_tokens: int, drafter: Dra
     res = Result([])
 
     t0 = clock(dev)
-    out = target(torch.tensor([prompt], device=dev), cache, feature_layers=feat_layers, commit_all=True)
+    greedy = logit_bias is None  # the defect's bias needs every logit; the certified head gives only the argmax
+    out = target(torch.tensor([prompt], device=dev), cache, feature_layers=feat_layers, commit_all=True,
+                 greedy=greedy)
     cache.commit(len(prompt))
-    bias = logit_bias.to(out.logits) if logit_bias is not None else 0
-    newest = int((out.logits[0, -1] + bias).argmax())
+    argmax_of = (lambda o: o.argmax[0]) if greedy else (lambda o: (o.logits[0] + logit_bias.to(o.logits)).argmax(-1))
+    newest = int(argmax_of(out)[-1])
     if drafter is not None:
         drafter.reset(max_len)
         drafter.observe(list(prompt), list(prompt[1:]) + [newest],
@@ -132,8 +145,8 @@ def generate(target: Model, prompt: list[int], max_new_tokens: int, drafter: Dra
         chain = tree.is_chain()
         positions = cache.length + torch.tensor([tree.depths], device=dev)
         out = target(torch.tensor([tree.tokens], device=dev), cache, positions=positions,
-                     tree_mask=None if chain else tree.ancestor_mask(dev), feature_layers=feat_layers)
-        argmax = (out.logits[0] + bias).argmax(-1).tolist()
+                     tree_mask=None if chain else tree.ancestor_mask(dev), feature_layers=feat_layers, greedy=greedy)
+        argmax = argmax_of(out).tolist()
         tc = clock(dev)
         path = tree.accept(argmax)
         cache.commit(len(path), None if chain else path)

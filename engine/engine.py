@@ -11,10 +11,11 @@ from pathlib import Path
 import torch
 
 from .checkpoint import CheckpointError, load_model
-from .decode import Result, generate
+from .decode import DRIVERS, Result, generate, pick_driver
 from .drafters import load_drafter
 from .replay import make_policy
 from .trees import parse_policy
+from .weights import LM_HEADS, WEIGHTS, apply as apply_weights
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 MODES = ("ar", "chain", "tree")
@@ -31,13 +32,20 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "cpu"
     max_new_tokens: int = 64
+    weights: str = "bf16"  # bf16 | w12: how the target's layer projections store their weights (weights.py)
+    lm_head: str = "bf16"  # bf16 | w12 | certified: how the target's LM head finds the next token
     # planted defects, for the controller's self-tests only: "logit_bias:TOKEN,TOKEN:NATS" adds
     # NATS to those tokens' logits; "slowdown:F" makes every generation F × slower (busy wait)
     defect: str | None = None
+    # auto: the static (CUDA-graph) driver on CUDA where it runs the drafter and policy, else the
+    # eager one; static | eager: that driver (static where it cannot run: refused, with the reason)
+    driver: str = "auto"
 
     def validate(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode {self.mode!r}: expected one of {MODES}")
+        if self.driver not in DRIVERS:
+            raise ValueError(f"driver {self.driver!r}: expected one of {DRIVERS}")
         if self.mode != "ar" and not self.drafter:
             raise ValueError(f"mode {self.mode!r} needs a drafter (a checkpoint folder or 'ngram')")
         if self.dtype not in DTYPES:
@@ -48,6 +56,10 @@ class EngineConfig:
                 raise ValueError("the oracle is a replay-only policy (specpilot replay --policy oracle)")
             if name == "sequoia" and not self.profile:
                 raise ValueError("sequoia:N needs --profile FILE (from `specpilot replay --profile-out`)")
+        if self.weights not in WEIGHTS:
+            raise ValueError(f"weights {self.weights!r}: expected one of {WEIGHTS}")
+        if self.lm_head not in LM_HEADS:
+            raise ValueError(f"lm_head {self.lm_head!r}: expected one of {LM_HEADS}")
         if self.defect is not None:
             parse_defect(self.defect)
         if self.draft_len < 1 or self.max_new_tokens < 1:
@@ -57,6 +69,15 @@ class EngineConfig:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def accepted_per_position(steps) -> list[float]:
+    """Of the target passes, the share that accepted a drafted token at position 1, 2, …: entry
+    i is the fraction of steps with τ > i + 1 (τ counts the bonus token)."""
+    drafted = max((s.drafted for s in steps), default=0)
+    if not steps or not drafted:
+        return []
+    return [round(sum(s.tau > i + 1 for s in steps) / len(steps), 6) for i in range(drafted)]
 
 
 def load_tokenizer(folder):
@@ -102,7 +123,7 @@ class Engine:
         cfg.validate()
         self.cfg = cfg
         dtype = DTYPES[cfg.dtype]
-        self.target = load_model(cfg.target, dtype, cfg.device)
+        self.target = apply_weights(load_model(cfg.target, dtype, cfg.device), cfg.weights, cfg.lm_head)
         self.drafter = load_drafter(cfg.drafter, dtype, cfg.device, self.target) if cfg.mode != "ar" else None
         self.tokenizer = load_tokenizer(cfg.target)
         self.policy = None
@@ -115,6 +136,7 @@ class Engine:
             self.bias[list(biased)] = torch.tensor(list(biased.values()), dtype=torch.float64)
         if cfg.mode == "tree":
             self.policy = make_policy(cfg.tree, read_profile(cfg.profile) if cfg.profile else None)
+        self.driver = pick_driver(self.target, self.drafter, self.policy, cfg.driver)  # static | eager
 
     def encode(self, req) -> list[int]:
         if getattr(req, "prompt_ids", None) is not None:
@@ -136,31 +158,75 @@ class Engine:
         n = getattr(req, "max_new_tokens", None) or self.cfg.max_new_tokens
         t0 = time.perf_counter()
         res = generate(self.target, self.encode(req), n, self.drafter, self.cfg.draft_len,
-                       policy=self.policy, record=record, logit_bias=self.bias)
-        if self.slowdown:  # a silent slowdown: the same output, later
+                       policy=self.policy, record=record, logit_bias=self.bias, driver=self.driver)
+        self._slow(t0)
+        return res
+
+    def generate_batch(self, requests, batch: int, progress=None) -> list[Result]:
+        """Greedy outputs of the requests, `batch` decoding at once on the static driver (uncompiled
+        on the CPU, captured on CUDA): one target pass verifies every request's draft, and a
+        request that ends frees its place for the next (continuous batching). Every request's
+        tokens are its own AR tokens, whatever shares its steps."""
+        from . import fast
+
+        if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+            raise ValueError(f"batch {batch!r}: expected a positive integer")
+        if self.cfg.driver == "eager":
+            raise ValueError("driver 'eager' decodes one request at a time; batched decoding runs the static "
+                             "driver (use driver 'auto' or 'static')")
+        why = fast.unsupported(self.drafter, self.policy) or fast.batch_unsupported(self.drafter)
+        if why:
+            raise ValueError(f"batch {batch}: batched decoding cannot run {why}; use batch 1")
+        if not requests:
+            return []
+        prompts = [self.encode(r) for r in requests]
+        limits = [getattr(r, "max_new_tokens", None) or self.cfg.max_new_tokens for r in requests]
+        lanes = min(batch, len(requests))
+        t0 = time.perf_counter()
+        dec = fast.decoder(self.target, self.drafter, self.cfg.draft_len, self.policy, self.bias,
+                           max(len(p) + n for p, n in zip(prompts, limits)), lanes)
+        out = dec.generate_batch(prompts, limits, progress=progress)
+        self._slow(t0)
+        return out
+
+    def _slow(self, t0: float) -> None:
+        """The planted slowdown defect: the same output, later."""
+        if self.slowdown:
             until = time.perf_counter() + self.slowdown * (time.perf_counter() - t0)
             while time.perf_counter() < until:
                 pass
-        return res
 
-    def run(self, requests, progress=None, records: list | None = None) -> dict:
+    def run(self, requests, progress=None, records: list | None = None, batch: int = 1) -> dict:
         """The CLI's JSON: outputs, mean τ over all steps, tokens/s over all generation time.
-        `records`, when given, receives (id, policy, step records) per request."""
+        `records`, when given, receives (id, policy, step records) per request (batch 1 only).
+        batch > 1: `generate_batch`, and tokens/s is the batch's total throughput."""
         outputs, steps, n_tok, wall = [], [], 0, 0.0
-        for req in requests:
-            rec = [] if records is not None else None
-            t0 = time.perf_counter()
-            res = self.generate(req, rec)
-            wall += time.perf_counter() - t0
+        if batch > 1:
             if records is not None:
-                records.append((req.id, self.cfg.tree if self.cfg.mode == "tree" else "chain", rec))
+                raise ValueError("records are kept at batch 1 only; drop --record or use --batch 1")
+            t0 = time.perf_counter()
+            results = self.generate_batch(requests, batch, progress)
+            wall = time.perf_counter() - t0
+        else:
+            results = []
+            for req in requests:
+                rec = [] if records is not None else None
+                t0 = time.perf_counter()
+                results.append(self.generate(req, rec))
+                wall += time.perf_counter() - t0
+                if records is not None:
+                    records.append((req.id, self.cfg.tree if self.cfg.mode == "tree" else "chain", rec))
+                if progress is not None:
+                    progress(1)
+        for req, res in zip(requests, results):
             outputs.append({"id": req.id, "tokens": res.tokens, "text": self.decode_text(res.tokens),
-                            "tau_mean": res.tau_mean, "steps": len(res.steps)})
+                            "tau_mean": res.tau_mean, "steps": len(res.steps),
+                            "accepted_per_position": accepted_per_position(res.steps)})
             steps += res.steps
             n_tok += len(res.tokens)
-            if progress is not None:
-                progress(1)
         return {
+            "batch": batch,
+            "accepted_per_position": accepted_per_position(steps),
             "outputs": outputs,
             "tau_mean": sum(s.tau for s in steps) / len(steps) if steps else 0.0,
             "tokens_per_s": n_tok / wall if wall else 0.0,
@@ -168,5 +234,6 @@ class Engine:
             "drafted_mean": sum(s.drafted for s in steps) / len(steps) if steps else 0.0,
             "time_s": {"draft": sum(s.t_draft for s in steps), "verify": sum(s.t_verify for s in steps),
                        "commit": sum(s.t_commit for s in steps), "total": wall},
+            "driver": self.driver,
             "config": self.cfg.as_dict(),
         }

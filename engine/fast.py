@@ -7,28 +7,34 @@ here; the n-gram drafter and other host drafters fill the lattice buffers before
 policy's tree with a static node budget (treeops) → one target pass over its rows (StaticCache
 plans slots, positions and the ancestor mask) → greedy acceptance → K/V compaction and recurrent
 state commit → the drafter reads the accepted rows → [τ, valid rows, path tokens, bonus] into one
-buffer. Prefill runs eagerly (its length varies). `decode.generate` takes this path whenever the
-target is on a CUDA device; on the CPU the eager driver (decode.py) runs, and tests run this one
-eagerly there too (`graphs=False`), in float64, against it.
+buffer. Prefill runs eagerly (its length varies). `decode.generate` takes this path (driver
+"auto") whenever the target is on a CUDA device and `unsupported` names nothing; on the CPU the
+eager driver (decode.py) runs unless driver "static" is asked for, and tests run this one eagerly
+there (no graphs, no compile), in float64, against it.
 
 The model code is shared: the same modules run both drivers; a StaticCache selects the static
 attention and Gated DeltaNet forms (model.py). torch.compile (on by default with graphs; set
 SPECPILOT_COMPILE=0 to skip it) fuses the step's small kernels before the graph is captured.
+
+A decoder works on its target's device: everything it allocates, records or captures happens
+under `on_device(dev)`, so a target on cuda:1 runs there whatever the current device is. The
+decoders `decoder` builds live on the target object itself (`_static_decoders`) and die with it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import os
 import time
 import warnings
-import weakref
 
 import torch
 import torch.nn.functional as F
 
 from . import treeops, trees
 from .cache import StaticCache
-from .decode import MAX_TREE, Result, Step, StepRecord, clock, emit
+from .decode import Result, Step, StepRecord, clock, emit
 from .drafters import (TOP_K, DraftLM, Drafter, FeatureDrafter, Lattice, block_transitions, pointer,
                        pointer_copies, with_copies)
 from .model import Model, rope_tables, run_layers
@@ -149,49 +155,107 @@ class _DraftLMDraft:
         return (*_lattice(torch.stack(rows)), None)
 
 
-def supports(drafter: Drafter | None, policy) -> bool:
-    """Whether the static driver runs this drafter and policy (else decode.py's eager one does)."""
-    host_ok = drafter is None or isinstance(drafter, (FeatureDrafter, DraftLM)) or not drafter.target_layers
-    return host_ok and (policy is None or policy is trees.chain or isinstance(policy, trees.TreePolicy))
+def unsupported(drafter: Drafter | None, policy) -> str | None:
+    """Why the static driver cannot run this drafter and policy (None: it can): a host drafter
+    that reads target features (the static step keeps them on the device), or a policy without a
+    static form (treeops.spec_for)."""
+    if drafter is not None and not isinstance(drafter, (FeatureDrafter, DraftLM)) and drafter.target_layers:
+        return f"a {drafter.kind} drafter that reads target features on the host"
+    if not (policy is None or policy is trees.chain or isinstance(policy, trees.TreePolicy)):
+        return f"the tree policy {getattr(policy, '__name__', type(policy).__name__)} (no static form)"
+    return None
+
+
+def batch_unsupported(drafter: Drafter | None) -> str | None:
+    """Why the static driver cannot decode this drafter over several lanes (None: it can): the
+    device drafters keep one request's state for now."""
+    if isinstance(drafter, (FeatureDrafter, DraftLM)):
+        return f"a {drafter.kind} device drafter (device drafters decode one request at a time for now)"
+    return None
+
+
+def plan(drafter: Drafter | None, draft_len: int, policy) -> tuple[int, treeops.TreeSpec]:
+    """(drafted positions per step, the static tree) of a decoder for this drafter, draft length
+    and policy: a block drafter drafts at most its block."""
+    if drafter is None:
+        return 0, treeops.TreeSpec("chain", 0, 0)
+    block = getattr(drafter, "block_size", None)
+    m = min(draft_len, block) if block and drafter.kind != "sequential" else draft_len
+    name, args, shape = ("chain", (), None) if policy is None or policy is trees.chain else \
+        (policy.name, policy.args, policy.shape)
+    return m, treeops.spec_for(name, args, m, shape)
+
+
+def capacity(spec: treeops.TreeSpec, max_len: int) -> int:
+    """The longest request (prompt + max_new_tokens) a decoder of `max_len` cache slots serves.
+    With R = spec.rows verified rows and D = spec.max_depth + 1 accepted-path rows, a step from
+    committed length L writes slots up to L + max(R, D) (the pass's K/V, the compaction's path);
+    it accepts τ ≤ min(R, D). Steps start at L ≤ n - 2 for a request of n tokens (the newest token
+    is not yet in the cache), and the pipelined driver launches one step past the last one, from
+    L ≤ n - 2 + min(R, D): so n ≤ max_len - R - D + 2. (Drafters' own caches hold max_len + m + 2.)"""
+    return max_len - spec.rows - (spec.max_depth + 1) + 2
+
+
+def size_for(spec: treeops.TreeSpec, need: int, base: int = 1024) -> int:
+    """The cache slots of a decoder built for requests of `need` tokens: `base` (room for most
+    prompts at once: a larger decoder is another capture and compile), doubled until it serves them."""
+    size = base
+    while capacity(spec, size) < need:
+        size *= 2
+    return size
+
+
+def on_device(dev: torch.device):
+    """The context a decoder on `dev` runs in: its CUDA device made current (events, streams,
+    graph capture and synchronize use the current device), nothing on the CPU."""
+    return torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
 
 
 class FastDecoder:
     """Static buffers, a step function and (on CUDA) its captured graph for one target, drafter,
-    draft length and policy. `generate` decodes requests of prompt + max_new_tokens ≤ capacity."""
+    draft length and policy, over `lanes` requests at once. `generate` decodes one request of
+    prompt + max_new_tokens ≤ capacity (lanes == 1); `generate_batch` decodes many, `lanes` at a
+    time, a waiting request taking the first lane that frees (continuous batching)."""
 
     def __init__(self, target: Model, drafter: Drafter | None = None, draft_len: int = 8, policy=None,
                  max_len: int = 1024, graphs: bool | None = None, compile: bool | None = None,
-                 logit_bias: torch.Tensor | None = None):
+                 logit_bias: torch.Tensor | None = None, lanes: int = 1):
+        if lanes < 1:
+            raise ValueError(f"lanes {lanes}: a decoder runs at least one request")
+        why = batch_unsupported(drafter) if lanes > 1 else None
+        if why:
+            raise ValueError(f"batched decoding (lanes {lanes}) cannot run {why}")
+        with on_device(target.lm_head_weight.device):
+            self._build(target, drafter, draft_len, policy, max_len, graphs, compile, logit_bias, lanes)
+
+    def _build(self, target, drafter, draft_len, policy, max_len, graphs, compile, logit_bias, lanes) -> None:
         dev = target.lm_head_weight.device
-        self.target, self.dev, self.drafter = target.fuse(), dev, drafter
+        self.target, self.dev, self.drafter, self.lanes = target.fuse(), dev, drafter, lanes
         self.graphs = dev.type == "cuda" if graphs is None else graphs
         self.compile = (self.graphs and os.environ.get("SPECPILOT_COMPILE", "1") != "0") if compile is None else compile
-        self.cache = target.static_cache(max_len)
+        self.cache = target.static_cache(max_len, lanes)
+        self.bias_source = logit_bias  # kept: `decoder` tells biases apart by identity
         self.bias = logit_bias.to(dev, target.dtype) if logit_bias is not None else None
-        self.layers, self.device_draft, self.host, self.m, self.tables = (), None, None, 0, None
-        if drafter is None:
-            self.spec = treeops.TreeSpec("chain", 0, 0)
-        else:
-            block = getattr(drafter, "block_size", None)
-            self.m = min(draft_len, block) if block and drafter.kind != "sequential" else draft_len
-            name, args, shape = ("chain", (), None) if policy is None or policy is trees.chain else \
-                (policy.name, policy.args, policy.shape)
-            self.spec = treeops.spec_for(name, args, self.m, shape)
+        self.layers, self.device_draft, self.hosts, self.tables = (), None, [], None
+        self.m, self.spec = plan(drafter, draft_len, policy)
+        if drafter is not None:
             self.tables = treeops.sequoia_tables(self.spec, dev) if self.spec.kind == "sequoia" else None
-            self.lat = (torch.full((self.m, TOP_K), -1, dtype=torch.long, device=dev),
-                        torch.full((self.m, TOP_K), float("-inf"), dtype=torch.float64, device=dev),
-                        torch.zeros(max(self.m - 1, 0), TOP_K, TOP_K, dtype=torch.float64, device=dev))
+            self.lat = (torch.full((lanes, self.m, TOP_K), -1, dtype=torch.long, device=dev),
+                        torch.full((lanes, self.m, TOP_K), float("-inf"), dtype=torch.float64, device=dev),
+                        torch.zeros(lanes, max(self.m - 1, 0), TOP_K, TOP_K, dtype=torch.float64, device=dev))
             side = max_len + self.m + 2
             if isinstance(drafter, FeatureDrafter):
                 self.device_draft, self.layers = _FeatureDraft(drafter, self.m, side), drafter.target_layers
             elif isinstance(drafter, DraftLM):
                 self.device_draft = _DraftLMDraft(drafter, self.m, side)
-            else:
-                self.host = drafter
+            else:  # a host drafter per lane: its state is one request's
+                self.hosts = [drafter] + [copy.deepcopy(drafter) for _ in range(lanes - 1)]
+        self.host = self.hosts[0] if self.hosts else None
         self.path_len = self.spec.max_depth + 1
-        self.capacity = max_len - self.spec.rows - self.path_len - 1
-        self.root = torch.zeros(1, dtype=torch.long, device=dev)
-        self.out = torch.zeros(3 + self.path_len, dtype=torch.long, device=dev)
+        self.capacity = capacity(self.spec, max_len)
+        self.root = torch.zeros(lanes, dtype=torch.long, device=dev)
+        self.active = torch.zeros(lanes, dtype=torch.long, device=dev)  # 1: the lane holds a request
+        self.out = torch.zeros(lanes, 3 + self.path_len, dtype=torch.long, device=dev)
         self.rec = None  # (tree rows, argmax) of the last step, for records
         self.staging = None  # pinned host copies of the lattice buffers (host drafters)
         if self.graphs:  # two pinned output buffers: a step's result is read while the next one runs
@@ -208,17 +272,21 @@ class FastDecoder:
 
     # ---- the step (captured) ----------------------------------------------------------------
     def _tree(self) -> treeops.TreeRows:
+        """Every lane's tree, fields [lanes, R]."""
+        B = self.lanes
         if self.drafter is None:
-            z = torch.zeros(1, dtype=torch.long, device=self.dev)
-            return treeops.TreeRows(self.root, z, z, torch.ones(1, dtype=torch.bool, device=self.dev))
-        if self.device_draft is not None:
+            z = torch.zeros(B, 1, dtype=torch.long, device=self.dev)
+            return treeops.TreeRows(self.root[:, None], z, z, torch.ones(B, 1, dtype=torch.bool, device=self.dev))
+        if self.device_draft is not None:  # (one lane)
             tok, logp, trans = self.device_draft.propose(self.root)
-            self.lat[0].copy_(tok), self.lat[1].copy_(logp)
+            self.lat[0][0].copy_(tok), self.lat[1][0].copy_(logp)
             if trans is not None:
-                self.lat[2].copy_(trans)
+                self.lat[2][0].copy_(trans)
         else:  # a host drafter without transitions: a chain takes each position's top-1, no walk
             trans = self.lat[2] if self.host.transitions else None
-        return treeops.build(self.spec, self.root, self.lat[0], self.lat[1], trans, self.tables)
+        rows = [treeops.build(self.spec, self.root[b : b + 1], self.lat[0][b], self.lat[1][b],
+                              None if trans is None else self.lat[2][b], self.tables) for b in range(B)]
+        return treeops.TreeRows(*(torch.stack(f) for f in zip(*rows)))
 
     def _step(self):
         tree = self._tree()
@@ -227,20 +295,23 @@ class FastDecoder:
             self.cache.plan(R)
         else:
             self.cache.plan(R, tree.parents, tree.depth, self.spec.max_depth)
-        out = self.target(tree.tokens[None], self.cache, feature_layers=self.layers)
-        logits = out.logits[0] if self.bias is None else out.logits[0] + self.bias
-        argmax = logits.argmax(-1)
-        path, tau = treeops.accept(tree, argmax, self.cache.ctx.anc, self.path_len)
-        bonus = argmax.index_select(0, path.index_select(0, tau.view(1) - 1))
+        out = self.target(tree.tokens, self.cache, feature_layers=self.layers, greedy=self.bias is None)
+        argmax = out.argmax if self.bias is None else (out.logits + self.bias).argmax(-1)  # [lanes, R]
+        anc = self.cache.ctx.anc
+        acc = [treeops.accept(treeops.TreeRows(*(f[b] for f in tree)), argmax[b], anc[b], self.path_len)
+               for b in range(self.lanes)]
+        path = torch.stack([p for p, _ in acc])  # [lanes, D]
+        tau = torch.stack([t for _, t in acc]) * self.active  # an idle lane commits nothing
+        bonus = argmax.gather(1, path.gather(1, (tau - 1).clamp_min(0)[:, None]))  # [lanes, 1]
         self.cache.commit(path, tau, compact=self.spec.kind != "chain")
-        path_tokens = tree.tokens.index_select(0, path)
-        if self.device_draft is not None:
-            nxt = torch.cat((path_tokens[1:], bonus))
-            nxt = torch.where(torch.arange(self.path_len, device=self.dev) == tau - 1, bonus, nxt)
-            feats = out.features[0].index_select(0, path) if out.features is not None else None
-            self.device_draft.observe(path_tokens, nxt, feats, tau)
-        self.root.copy_(bonus)
-        self.out.copy_(torch.cat((tau.view(1), tree.valid.sum().view(1) - 1, path_tokens, bonus)))
+        path_tokens = tree.tokens.gather(1, path)
+        if self.device_draft is not None:  # (one lane)
+            nxt = torch.cat((path_tokens[0, 1:], bonus[0]))
+            nxt = torch.where(torch.arange(self.path_len, device=self.dev) == tau[0] - 1, bonus[0], nxt)
+            feats = out.features[0].index_select(0, path[0]) if out.features is not None else None
+            self.device_draft.observe(path_tokens[0], nxt, feats, tau[0])
+        self.root.copy_(bonus[:, 0])
+        self.out.copy_(torch.cat((tau[:, None], tree.valid.sum(1, keepdim=True) - 1, path_tokens, bonus), 1))
         self.rec = (tree, argmax)
 
     @torch.no_grad()
@@ -265,53 +336,66 @@ class FastDecoder:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph), torch.no_grad():
             self.fn()
+        self.active.zero_()
 
     # ---- the host side ------------------------------------------------------------------------
-    def _prefill(self, prompt: list[int]) -> torch.Tensor:
+    def _prefill(self, prompt: list[int], lane: int = 0) -> torch.Tensor:
+        """The prompt into one lane (the others untouched); the lane becomes active."""
         ids = torch.tensor(prompt)
         ids = ids.pin_memory().to(self.dev, non_blocking=True) if self.dev.type == "cuda" else ids
-        self.cache.reset()
-        self.cache.plan(len(prompt), commit_all=True)
-        out = self.target(ids[None], self.cache, feature_layers=self.layers, logits="last")
-        self.cache.length.fill_(len(prompt))
-        logits = out.logits[0, -1] if self.bias is None else out.logits[0, -1] + self.bias
-        first = logits.argmax().view(1)
-        self.root.copy_(first)
+        self.cache.reset(lane)
+        self.cache.plan(len(prompt), commit_all=True, lane=lane)
+        out = self.target(ids[None], self.cache, feature_layers=self.layers, logits="last", greedy=self.bias is None)
+        self.cache.lengths[lane] = len(prompt)
+        first = out.argmax[0, -1:] if self.bias is None else (out.logits[0, -1] + self.bias).argmax().view(1)
+        self.root[lane : lane + 1] = first
+        self.active[lane] = 1
         if self.device_draft is not None:
             self.device_draft.prefill(ids, first, out.features[0] if out.features is not None else None)
         return first
 
-    def _load(self, lat: Lattice) -> None:
-        """A host drafter's lattice into the (padded) lattice buffers, through pinned staging
-        buffers so that the copies queue behind the host without stalling it."""
+    def _load(self, lat: Lattice, lane: int = 0) -> None:
+        """A host drafter's lattice into lane `lane` of the (padded) pinned staging buffers;
+        `_upload` then queues their copies to the device behind the host, without stalling it."""
         m, k = min(lat.positions, self.m), lat.tokens.shape[1]
         if k > TOP_K:
             raise ValueError(f"a lattice of {k} candidates per position; the static driver holds {TOP_K}")
         if self.staging is None:
             pin = self.dev.type == "cuda"
-            self.staging = tuple(torch.empty(b.shape, dtype=b.dtype, pin_memory=pin) for b in self.lat)
+            self.staging = tuple(torch.empty(b.shape, dtype=b.dtype, pin_memory=pin).copy_(b) for b in self.lat)
         if lat.trans is not None and not self.host.transitions:
             raise ValueError(f"a {self.host.kind} drafter's lattice carries transitions, but the drafter does not "
                              "declare them (set its `transitions` to True)")
-        tok, logp, trans = self.staging
+        tok, logp, trans = (t[lane] for t in self.staging)
         tok.fill_(-1), logp.fill_(float("-inf"))
         tok[:m, :k], logp[:m, :k] = lat.tokens[:m], lat.logp[:m]
         if self.host.transitions:  # a missing transition: the child's own score
             trans.copy_(logp[1:, None, :].expand(-1, TOP_K, -1))
             if lat.trans is not None and m > 1:
                 trans[: m - 1, :k, :k] = lat.trans[: m - 1]
+
+    def _upload(self) -> None:
         for buf, t in zip(self.lat, self.staging):
             buf.copy_(t, non_blocking=True)
 
-    @torch.no_grad()
     def generate(self, prompt: list[int], max_new_tokens: int, eos: set[int] | None = None,
                  record: list | None = None) -> Result:
+        with on_device(self.dev):
+            return self._generate(prompt, max_new_tokens, eos, record)
+
+    def _check(self, prompt: list[int], max_new_tokens: int) -> None:
         if not prompt:
             raise ValueError("prompt must hold at least one token")
         if len(prompt) + max_new_tokens > self.capacity:
             raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) exceed this decoder's "
                              f"capacity ({self.capacity})")
-        res = Result([])
+
+    @torch.no_grad()
+    def _generate(self, prompt, max_new_tokens, eos, record) -> Result:
+        if self.lanes != 1:
+            raise ValueError(f"generate decodes one request; a decoder of {self.lanes} lanes runs generate_batch")
+        self._check(prompt, max_new_tokens)
+        res = Result([], driver="static")
         if max_new_tokens <= 0:
             return res
         eos = set(self.target.cfg.eos_token_id) if eos is None else eos
@@ -335,13 +419,14 @@ class FastDecoder:
             lattice = self.host.propose(self.m) if self.host is not None else None
             if lattice is not None:
                 self._load(lattice)
+                self._upload()
             if ahead:
                 self._launch(1 - k)
                 self.events[k].synchronize()
-                vals, k = self.host_out[k].tolist(), 1 - k  # the step's one read (queued by _launch)
+                vals, k = self.host_out[k][0].tolist(), 1 - k  # the step's one read (queued by _launch)
             else:
                 self.graph.replay() if self.graph is not None else self.fn()
-                vals = self.out.tolist()  # the step's one read
+                vals = self.out[0].tolist()  # the step's one read
             tau, drafted, committed, bonus = vals[0], vals[1], vals[2 : 2 + vals[0]], vals[-1]
             emitted = committed[1:] + [bonus]
             if record is not None:
@@ -356,6 +441,74 @@ class FastDecoder:
         res.decode_s = time.perf_counter() - t1
         return res
 
+    def generate_batch(self, prompts: list[list[int]], max_new_tokens: list[int], eos: set[int] | None = None,
+                       progress=None) -> list[Result]:
+        """Greedy outputs of many requests, `lanes` decoding at once: each step verifies every
+        active lane's tree in one target pass and reads the device once for the whole batch; a
+        request that ends frees its lane for the next waiting one (prefilled into it, the other
+        lanes' state untouched). `progress(1)` after each request ends. Each result's steps are
+        the steps it took part in, each timed as the whole step."""
+        for p, n in zip(prompts, max_new_tokens, strict=True):
+            self._check(p, n)
+        with on_device(self.dev), torch.no_grad():
+            return self._generate_batch(prompts, max_new_tokens, eos, progress)
+
+    def _generate_batch(self, prompts, limits, eos, progress) -> list[Result]:
+        eos = set(self.target.cfg.eos_token_id) if eos is None else eos
+        results = [Result([], driver="static") for _ in prompts]
+        waiting = [i for i, n in enumerate(limits) if n > 0][::-1]  # popped from the end: in order
+        held: list[int | None] = [None] * self.lanes  # the request each lane decodes
+        started = [0.0] * len(prompts)
+        self.active.zero_()
+
+        def finish(lane: int, i: int) -> None:
+            held[lane] = None
+            self.active[lane] = 0
+            results[i].decode_s = time.perf_counter() - started[i]
+            if progress is not None:
+                progress(1)
+
+        def admit() -> None:
+            for lane in range(self.lanes):
+                while held[lane] is None and waiting:
+                    i = waiting.pop()
+                    t0 = clock(self.dev)
+                    newest = int(self._prefill(prompts[i], lane))
+                    started[i] = time.perf_counter()
+                    results[i].prefill_s = started[i] - t0
+                    held[lane] = i
+                    if emit(results[i].tokens, [newest], eos, limits[i]):
+                        finish(lane, i)
+                    elif self.hosts:
+                        h = self.hosts[lane]
+                        h.reset(len(prompts[i]) + limits[i] + self.spec.rows + 1)
+                        h.observe(list(prompts[i]), list(prompts[i][1:]) + [newest], None)
+
+        admit()
+        while any(i is not None for i in held):
+            ta = time.perf_counter()
+            if self.hosts:
+                for lane, i in enumerate(held):
+                    if i is not None:
+                        self._load(self.hosts[lane].propose(self.m), lane)
+                self._upload()
+            self.graph.replay() if self.graph is not None else self.fn()
+            rows = self.out.tolist()  # the step's one read, for every lane
+            wall = time.perf_counter() - ta
+            for lane, i in enumerate(held):
+                if i is None:
+                    continue
+                tau, drafted, committed, bonus = rows[lane][0], rows[lane][1], rows[lane][2 : 2 + rows[lane][0]], \
+                    rows[lane][-1]
+                emitted = committed[1:] + [bonus]
+                results[i].steps.append(Step(tau=tau, drafted=drafted, t_draft=0.0, t_verify=wall, t_commit=0.0))
+                if emit(results[i].tokens, emitted, eos, limits[i]):
+                    finish(lane, i)
+                elif self.hosts:
+                    self.hosts[lane].observe(committed, emitted, None)
+            admit()
+        return results
+
     def _launch(self, i: int) -> None:
         """Replay the step and queue its output's copy into pinned host buffer i."""
         self.graph.replay()
@@ -366,30 +519,43 @@ class FastDecoder:
         """What the step saw, read back (records only: more reads than a plain step). The step's
         tree and argmax tensors stay valid after a graph replay: they live in the graph's pool."""
         tree_rows, argmax = self.rec
+        tree_rows = treeops.TreeRows(*(f[0] for f in tree_rows))
         if self.device_draft is not None:
-            tok, logp, trans = (t.detach().cpu().clone() for t in self.lat)
+            tok, logp, trans = (t[0].detach().cpu().clone() for t in self.lat)
             kept = getattr(self.device_draft, "transitions", False) and self.m > 1
             lat = Lattice(tok, logp, trans if kept else None)
         tree = treeops.to_tree(tree_rows)
         keep = [i for i, v in enumerate(tree_rows.valid.tolist()) if v]
-        am = argmax.tolist()
+        am = argmax[0].tolist()
         return StepRecord(lat, room, tau, tree.tokens, [am[i] for i in keep], emitted)
 
 
-_DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+class _Decoders(dict):
+    """A target's decoders (on the target object: they die with it). A copy of the target starts
+    with none: buffers and graphs belong to the model they were built for."""
+
+    def __deepcopy__(self, memo):
+        return _Decoders()
+
+    def __copy__(self):
+        return _Decoders()
+
+    def __reduce__(self):
+        return _Decoders, ()
 
 
-def decoder(target: Model, drafter: Drafter | None, draft_len: int, policy, logit_bias, need: int) -> FastDecoder:
-    """The target's decoder for this drafter / draft length / policy / bias, built (and captured)
-    once and rebuilt larger when a request needs more than its capacity."""
+def decoder(target: Model, drafter: Drafter | None, draft_len: int, policy, logit_bias, need: int,
+            lanes: int = 1) -> FastDecoder:
+    """The target's decoder for this drafter / draft length / policy / bias / lanes, built (and
+    captured) once, and rebuilt larger (`size_for`) when a request needs more than its capacity.
+    Decoders hold their target, so they are kept on it (`_static_decoders`): the cycle dies with
+    the target."""
     key = (id(drafter), draft_len, policy if isinstance(policy, trees.TreePolicy) else None,
-           None if logit_bias is None else id(logit_bias))
-    mine = _DECODERS.setdefault(target, {})
+           None if logit_bias is None else id(logit_bias), target.lm_head_weight.device, target.dtype, lanes)
+    mine = target.__dict__.setdefault("_static_decoders", _Decoders())
     dec = mine.get(key)
     if dec is None or dec.capacity < need:
-        size = 1024  # room for most prompts at once: a larger decoder means a new capture (and compile)
-        while size - max(draft_len + 1, MAX_TREE) - trees.MAX_DEPTH - 2 < need:  # rows + path + root
-            size *= 2
         mine.pop(key, None)
-        dec = mine[key] = FastDecoder(target, drafter, draft_len, policy, size, logit_bias=logit_bias)
+        size = size_for(plan(drafter, draft_len, policy)[1], need)
+        dec = mine[key] = FastDecoder(target, drafter, draft_len, policy, size, logit_bias=logit_bias, lanes=lanes)
     return dec

@@ -125,15 +125,16 @@ def tree_gated_delta_rule(q, k, v, g, beta, h0, anc):
     A_ij = β_i e^{G_i−G_j} k_iᵀk_j for strict ancestors j (lower triangular: parents come first), and
     o_i = e^{G_i} h0ᵀq_i + Σ_{j anc-or-self} e^{G_i−G_j} (k_jᵀq_i) u_j.
 
-    q, k: [n, H, Dk]; v: [n, H, Dv]; g, beta: [n, H]; h0: [H, Dk, Dv]; anc: [n, n] bool, row i
-    marks i and its ancestors. Returns o [n, H, Dv] and (k, u, G), which is all `tree_state` needs
+    q, k: [..., n, H, Dk]; v: [..., n, H, Dv]; g, beta: [..., n, H]; h0: [..., H, Dk, Dv]; anc:
+    [..., n, n] bool, row i marks i and its ancestors (leading dims: independent trees, one per
+    request of a batch). Returns o [..., n, H, Dv] and (k, u, G), which is all `tree_state` needs
     to commit any row's state."""
-    n = q.shape[0]
-    G = anc.to(g.dtype) @ g  # [n, H]
-    Gh = G.T  # [H, n]
-    decay = torch.where(anc, Gh[:, :, None] - Gh[:, None, :], float("-inf")).exp()  # [H, n, n]
-    qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [H, n, D]
-    bh = beta.T[..., None]  # [H, n, 1]
+    n = q.shape[-3]
+    G = anc.to(g.dtype) @ g  # [..., n, H]
+    Gh = G.transpose(-1, -2)  # [..., H, n]
+    decay = torch.where(anc[..., None, :, :], Gh[..., :, :, None] - Gh[..., :, None, :], float("-inf")).exp()
+    qh, kh, vh = (t.transpose(-3, -2) for t in (q, k, v))  # [..., H, n, D]
+    bh = beta.transpose(-1, -2)[..., None]  # [..., H, n, 1]
     eg = Gh.exp()[..., None]
     rhs = bh * (vh - eg * (kh @ h0))
     if n == 1:
@@ -144,26 +145,27 @@ def tree_gated_delta_rule(q, k, v, g, beta, h0, anc):
         u = torch.linalg.solve_triangular(A + torch.eye(n, dtype=A.dtype, device=A.device), rhs, upper=False,
                                           unitriangular=True)
     o = eg * (qh @ h0) + (decay * (qh @ kh.transpose(-1, -2))) @ u
-    return o.transpose(0, 1), (k, u.transpose(0, 1), G)
+    return o.transpose(-3, -2), (k, u.transpose(-3, -2), G)
 
 
 def tree_state(h0, kug, anc_row, node):
-    """The state after row `node` (a 0-d index tensor) of a `tree_gated_delta_rule` pass:
-    e^{G_d} h0 + Σ_{j anc-or-self of d} e^{G_d−G_j} k_j u_jᵀ. anc_row: [n] bool, node's ancestors-or-self."""
+    """The state after row `node` of a `tree_gated_delta_rule` pass: e^{G_d} h0 + Σ_{j anc-or-self
+    of d} e^{G_d−G_j} k_j u_jᵀ. node: index tensor of the leading dims (0-d for one tree);
+    anc_row: [..., n] bool, node's ancestors-or-self."""
     k, u, G = kug
-    Gd = G.index_select(0, node.view(1))  # [1, H]
-    w = torch.where(anc_row[:, None], (Gd - G).exp(), 0.0)  # [n, H]
-    return Gd[0].exp()[:, None, None] * h0 + torch.einsum("nhk,nh,nhv->hkv", k, w, u)
+    Gd = G.gather(-2, node[..., None, None].expand(*node.shape, 1, G.shape[-1]))  # [..., 1, H]
+    w = torch.where(anc_row[..., None], (Gd - G).exp(), 0.0)  # [..., n, H]
+    return Gd[..., 0, :].exp()[..., :, None, None] * h0 + torch.einsum("...nhk,...nh,...nhv->...hkv", k, w, u)
 
 
 def conv_windows(parents, depth, width: int):
-    """[width, n] row indices into cat(conv state columns (width-1 of them, oldest first), the n
+    """[..., width, n] row indices into cat(conv state columns (width-1 of them, oldest first), the n
     rows' pre-conv inputs): entry [a, i] is row i's input at distance a back along its root path
     (a ≤ depth: an ancestor's row; further back: a committed conv-state column)."""
-    n = parents.shape[0]
-    anc = torch.arange(n, device=parents.device)
+    n = parents.shape[-1]
+    anc = torch.arange(n, device=parents.device).expand_as(parents)
     out = []
     for a in range(width):
         out.append(torch.where(depth >= a, width - 1 + anc, width - 1 - (a - depth)))
-        anc = parents[anc]
-    return torch.stack(out)
+        anc = parents.gather(-1, anc)
+    return torch.stack(out, -2)

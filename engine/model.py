@@ -10,6 +10,7 @@ and leave per-position state in the cache (see cache.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -62,7 +63,20 @@ def rope_tables(inv_freq: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype):
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+class Dense:
+    """A projection y = x·Wᵀ (+ b) that a pass reads in one GEMM: fused Linears (`fuse`). Not a
+    module, so the model's state_dict keeps the checkpoint's names; `weights.py` swaps it (and the
+    plain Linears) for W12 projections."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        self.weight, self.bias = weight, bias
+        self.out_features, self.in_features = weight.shape
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+def fuse(linears: list[nn.Linear]) -> Dense:
     """One weight (and bias) for Linears that read the same input, so that a pass reads them in one
     GEMM; each Linear's parameters become views into it (same values, same names, no extra memory).
     Fuse after the model has its final device and dtype."""
@@ -74,16 +88,18 @@ def fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
         if b is not None:
             m.bias = nn.Parameter(b[at : at + m.out_features], requires_grad=False)
         at += m.out_features
-    return w, b
+    return Dense(w, b)
 
 
 def attend(q, k, v, mask):
     """Attention of q [B, H, n, d] over k, v [B, Hkv, S, d] (a cache's buffers or views of them)
-    where mask [n, S] allows; query heads grouped onto their key-value head without copying the cache."""
+    where mask [n, S] or [B, n, S] allows; query heads grouped onto their key-value head without
+    copying the cache."""
     B, H, n, d = q.shape
     g = H // k.shape[1]
     s = (q.reshape(B, k.shape[1], g * n, d) @ k.transpose(-1, -2)).to(state_dtype(q.dtype)) * d ** -0.5
-    p = s.masked_fill(~mask.repeat(g, 1), float("-inf")).softmax(-1).to(v.dtype)
+    mask = mask.repeat(g, 1) if mask.dim() == 2 else mask.repeat(1, g, 1)[:, None]
+    p = s.masked_fill(~mask, float("-inf")).softmax(-1).to(v.dtype)
     return (p @ v).view(B, H, n, d)
 
 
@@ -93,11 +109,11 @@ class MLP(nn.Module):
         h, i, b = cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias
         self.gate_proj, self.up_proj = nn.Linear(h, i, bias=b), nn.Linear(h, i, bias=b)
         self.down_proj = nn.Linear(i, h, bias=b)
-        self.gate_up = None  # (weight, bias) once fused
+        self.gate_up = None  # a Dense once fused
 
     def forward(self, x):
         if self.gate_up is not None:
-            g, u = F.linear(x, *self.gate_up).chunk(2, dim=-1)
+            g, u = self.gate_up(x).chunk(2, dim=-1)
             return self.down_proj(F.silu(g) * u)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
@@ -120,12 +136,12 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, cfg.zero_centered_norm)
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, cfg.zero_centered_norm)
-        self.qkv = None  # (weight, bias) once fused
+        self.qkv = None  # a Dense once fused
 
     def project(self, x):
         if self.qkv is None:
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        return F.linear(x, *self.qkv).split([self.q_proj.out_features, self.k_proj.out_features,
+        return self.qkv(x).split([self.q_proj.out_features, self.k_proj.out_features,
                                              self.v_proj.out_features], dim=-1)
 
     def in_window(self, kpos: torch.Tensor, qpos: torch.Tensor) -> torch.Tensor:
@@ -150,10 +166,11 @@ class Attention(nn.Module):
         q, k = rotate(q.transpose(1, 2), *rope), rotate(k.transpose(1, 2), *rope)
 
         if isinstance(cache, StaticCache):  # fixed shapes: the whole buffer, slots and mask planned
-            ctx = cache.ctx
-            cache.k[self.layer].index_copy_(2, ctx.slots, k)
-            cache.v[self.layer].index_copy_(2, ctx.slots, v)
-            o = attend(q, cache.k[self.layer], cache.v[self.layer], ctx.window_mask if self.window else ctx.mask)
+            ctx = cache.ctx  # rows [lanes, n]: each lane's rows go to its own slots
+            kb, vb = cache.view(cache.k[self.layer]), cache.view(cache.v[self.layer])
+            kb[ctx.batch, :, ctx.slots] = k.transpose(1, 2)
+            vb[ctx.batch, :, ctx.slots] = v.transpose(1, 2)
+            o = attend(q, kb, vb, ctx.window_mask if self.window else ctx.mask)
         elif tree_mask is None and cache is None and not self.window:  # plain causal rows (training):
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # no mask to read
         else:  # new rows see each other by tree_mask (causal by default), and every committed slot
@@ -193,7 +210,7 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(nv))
         self.norm = GatedRMSNorm(dv, cfg.rms_norm_eps)
         self.out_proj = nn.Linear(self.value_dim, cfg.hidden_size, bias=False)
-        self.in_proj = None  # (weight, None) of in_proj_qkvz and in_proj_ba once fused
+        self.in_proj = None  # a Dense of in_proj_qkvz and in_proj_ba once fused
         self.chunk = 64  # positions per chunk of the parallel form (any size gives the same outputs)
         self.triton_rule = False  # training passes on a GPU run kernels/gdn_chunk.py instead (float32, TF32 dots)
 
@@ -206,7 +223,7 @@ class GatedDeltaNet(nn.Module):
         if self.in_proj is None:
             qkvz, ba = self.in_proj_qkvz(x), self.in_proj_ba(x)
         else:
-            qkvz, ba = F.linear(x, *self.in_proj).split([self.in_proj_qkvz.out_features,
+            qkvz, ba = self.in_proj(x).split([self.in_proj_qkvz.out_features,
                                                          self.in_proj_ba.out_features], dim=-1)
         q, k, v, z = torch.split(qkvz.view(B, T, nk, 2 * dk + 2 * r * dv), [dk, dk, r * dv, r * dv], dim=-1)
         b, a = torch.split(ba.view(B, T, nk, 2 * r), [r, r], dim=-1)
@@ -280,30 +297,29 @@ class GatedDeltaNet(nn.Module):
         return self.out_proj(out.reshape(1, N, -1)), {"mixed": mixed, "rule": (q, k, v, g, beta)}
 
     def forward_static(self, x, cache: StaticCache, layer: int):
-        """The rows of a planned static pass (batch 1): a tree (or chain) from the committed state in
-        tree form, stashing what `StaticCache.commit` needs; a `commit_all` chain (prefill) in
-        chunked form, updating the state in place. No state is kept per row."""
-        ctx, n = cache.ctx, x.shape[1]
+        """The rows [lanes, n] of a planned static pass: a tree (or chain) per lane from its
+        committed state in tree form, stashing what `StaticCache.commit` needs; a `commit_all`
+        chain (prefill) in chunked form, updating the state in place. No state is kept per row."""
+        ctx, (B, n) = cache.ctx, x.shape[:2]
         q, k, v, z, b, a = self.split(x)
-        mixed = torch.cat((q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)), dim=-1)  # [n, C] pre-conv
-        conv0 = cache.conv[layer]  # [K-1, C], oldest first
+        mixed = torch.cat((q.reshape(B, n, -1), k.reshape(B, n, -1), v.reshape(B, n, -1)), dim=-1)  # pre-conv
+        conv0, h0 = cache.view(cache.conv[layer]), cache.view(cache.h[layer])  # [B, K-1, C] oldest first
+        rows = torch.cat((conv0, mixed), 1)  # [B, K-1+n, C]
         if ctx.commit_all:
-            rows = torch.cat((conv0, mixed))  # [K-1+n, C]
-            q, k, v, g, beta = self.rule_inputs(self.conv(rows[None]), b, a)
-            out, h = chunked_gated_delta_rule(q, k, v, g, beta, cache.h[layer][None])
-            cache.h[layer].copy_(h[0])
-            cache.conv[layer].copy_(rows[n:])
-            out = out[0]
+            q, k, v, g, beta = self.rule_inputs(self.conv(rows), b, a)
+            out, h = chunked_gated_delta_rule(q, k, v, g, beta, h0)
+            h0.copy_(h)
+            conv0.copy_(rows[:, n:])
         else:
-            K = conv0.shape[0] + 1
-            rows = torch.cat((conv0, mixed)).index_select(0, ctx.conv_idx.flatten()).view(K, n, -1)
+            K, C = conv0.shape[1] + 1, rows.shape[-1]
+            rows = rows.gather(1, ctx.conv_idx.flatten(1)[..., None].expand(-1, -1, C)).view(B, K, n, C)
             w = self.conv1d.weight[:, 0].flip(-1)  # [C, K]: column a weighs the input a rows back
-            conv_out = F.silu(torch.einsum("anc,ca->nc", rows, w))
-            q, k, v, g, beta = self.rule_inputs(conv_out, b[0], a[0])
-            out, kug = tree_gated_delta_rule(q, k, v, g, beta, cache.h[layer], ctx.anc)
+            conv_out = F.silu(torch.einsum("banc,ca->bnc", rows, w))
+            q, k, v, g, beta = self.rule_inputs(conv_out, b, a)
+            out, kug = tree_gated_delta_rule(q, k, v, g, beta, h0, ctx.anc)
             cache.stash[layer] = (kug, mixed)
-        out = self.norm(out.to(x.dtype)[None], z)
-        return self.out_proj(out.reshape(1, n, -1))
+        out = self.norm(out.to(x.dtype), z)
+        return self.out_proj(out.reshape(B, n, -1))
 
 
 def run_layers(cfg: ModelConfig, layers, x, cache: Cache | None, start: int, positions, tree_mask, rope,
@@ -368,8 +384,9 @@ class Block(nn.Module):
 
 @dataclass
 class Output:
-    logits: torch.Tensor  # [B, T, V]
+    logits: torch.Tensor | None  # [B, T, V]; None when only the argmax was asked for and the head gives it alone
     features: torch.Tensor | None  # [B, T, len(feature_layers) * hidden] residual stream after those layers
+    argmax: torch.Tensor | None = None  # [B, T] the greedy token of each row, when asked for (greedy=True)
 
 
 class Model(nn.Module):
@@ -388,6 +405,12 @@ class Model(nn.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.register_buffer("inv_freq", cfg.inv_freq(), persistent=False)
+        # what the final projection runs (weights.py sets them): None is F.linear on lm_head_weight;
+        # `head` a projection giving the logits (a W12 one), `greedy_head` an object whose
+        # `argmax(h)` gives only the argmax (the certified head). lm_head_weight stays dense for the
+        # drafters and scorers that read it.
+        self.head: Callable | None = None
+        self.greedy_head = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -401,9 +424,9 @@ class Model(nn.Module):
         p = self.model.embed_tokens.weight
         return Cache(self.cfg, batch, max_len, p.device, p.dtype)
 
-    def static_cache(self, max_len: int) -> StaticCache:
+    def static_cache(self, max_len: int, lanes: int = 1) -> StaticCache:
         p = self.model.embed_tokens.weight
-        return StaticCache(self.cfg, max_len, p.device, p.dtype)
+        return StaticCache(self.cfg, max_len, p.device, p.dtype, lanes)
 
     def fuse(self) -> Model:
         """Read each layer's q/k/v, gate/up and GDN input projections in one GEMM each (idempotent;
@@ -421,14 +444,16 @@ class Model(nn.Module):
     def forward(self, tokens: torch.Tensor, cache: Cache | StaticCache | None = None,
                 positions: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None,
                 feature_layers: tuple[int, ...] = (), logits: bool | str = True, commit_all: bool = False,
-                layers=None) -> Output:
+                layers=None, greedy: bool = False) -> Output:
         """tokens [B, T]. With a cache, the T tokens follow its committed length and stay pending
         until `cache.commit`. positions default to consecutive ones; tree_mask [T, T] (row sees
         column) defaults to causal. A StaticCache brings its planned pass instead (positions, masks).
         logits: True (every row), "last" (the last row only) or False. commit_all: the caller will
         commit every token (a prefill): Gated DeltaNet layers then run the chunked form and keep
         only the final state, not one per position. layers: callables standing in for the blocks
-        (default: the blocks; training passes each block compiled)."""
+        (default: the blocks; training passes each block compiled). greedy: also give each row's
+        argmax (`Output.argmax`); a head that finds the argmax without every logit (the certified
+        head) then gives no logits."""
         B, T = tokens.shape
         start = 0
         if isinstance(cache, StaticCache):
@@ -444,5 +469,10 @@ class Model(nn.Module):
                                  commit_all)
         if logits == "last":
             x = x[:, -1:]
-        out = F.linear(self.model.norm(x), self.lm_head_weight) if logits else None
-        return Output(out, features)
+        if not logits:
+            return Output(None, features)
+        h = self.model.norm(x)
+        if greedy and self.greedy_head is not None:
+            return Output(None, features, self.greedy_head.argmax(h.reshape(-1, h.shape[-1])).view(h.shape[:-1]))
+        out = self.head(h) if self.head is not None else F.linear(h, self.lm_head_weight)
+        return Output(out, features, out.argmax(-1) if greedy else None)

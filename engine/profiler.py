@@ -58,6 +58,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from specpilot.kernels.w12.linear import W12Linear
+
 from . import decode, trees
 from .cache import StaticCache, state_dtype
 from .model import Attention, GatedDeltaNet, Model
@@ -180,7 +182,7 @@ class _Profiler:
     def _linear_pre(self, mod: nn.Linear, args):
         x = args[0]
         rows = x.numel() // mod.in_features
-        nbytes = _nbytes(mod.weight) + _nbytes(mod.bias) + _nbytes(x) + rows * mod.out_features * x.element_size()
+        nbytes = _weight_bytes(mod) + _nbytes(x) + rows * mod.out_features * x.element_size()
         self.push("target_linear", nbytes=nbytes, flops=2.0 * rows * mod.in_features * mod.out_features)
 
     def _attention_pre(self, mod: Attention, args):
@@ -235,7 +237,7 @@ class _Profiler:
     def install(self) -> None:
         tgt = self.target
         for mod in tgt.model.layers.modules():
-            if isinstance(mod, nn.Linear):
+            if isinstance(mod, (nn.Linear, W12Linear)):
                 pre = mod.register_forward_pre_hook(self._linear_pre)
             elif isinstance(mod, Attention):
                 pre = mod.register_forward_pre_hook(self._attention_pre)
@@ -325,7 +327,7 @@ def profile_generate(target: Model, prompt: list[int], max_new_tokens: int, draf
     unprofiled (reference tokens and step times; skipped for AR, whose reference is the AR run)
     and the configuration profiled. Where generate takes the static-shape driver (CUDA), the
     profile is `profile_static`'s: device time per kernel class, not host-timed hooks."""
-    if decode.static_path(target, drafter, policy):
+    if decode.pick_driver(target, drafter, policy) == "static":
         return profile_static(target, prompt, max_new_tokens, drafter, draft_len, policy, eos)
     ar = decode.generate(target, prompt, max_new_tokens, eos=eos)
     ar_walls = _step_walls(ar)
@@ -368,15 +370,18 @@ def class_times(dec, reps: int = 30) -> dict[str, ClassStat]:
     e = torch.empty((), dtype=dt).element_size()
     out: dict[str, ClassStat] = {}
 
-    linears = [w for blk in tgt.model.layers for w in _weights(blk)]
-    xs = {w.shape[1]: rnd(R, w.shape[1]) for w, _ in linears}
+    projs = [p for blk in tgt.model.layers for p in _projections(blk)]
+    xs = {p.in_features: rnd(R, p.in_features) for p in projs}
     out["target_linear"] = ClassStat(
-        _device_time(lambda: [torch.nn.functional.linear(xs[w.shape[1]], w, b) for w, b in linears], dev, reps),
-        sum(_nbytes(w) + _nbytes(b) + R * (w.shape[1] + w.shape[0]) * e for w, b in linears),
-        sum(2.0 * R * w.shape[0] * w.shape[1] for w, _ in linears))
+        _device_time(lambda: [p(xs[p.in_features]) for p in projs], dev, reps),
+        sum(_weight_bytes(p) + R * (p.in_features + p.out_features) * e for p in projs),
+        sum(2.0 * R * p.in_features * p.out_features for p in projs))
     head, hx = tgt.lm_head_weight, rnd(R, cfg.hidden_size)
-    out["lm_head"] = ClassStat(_device_time(lambda: torch.nn.functional.linear(hx, head), dev, reps),
-                               _nbytes(head) + R * (head.shape[1] + head.shape[0]) * e, 2.0 * R * head.numel())
+    own = tgt.greedy_head or tgt.head  # the head a step runs, when it is not the dense one
+    run_head = tgt.greedy_head.argmax if tgt.greedy_head else tgt.head or (lambda h: torch.nn.functional.linear(h, head))
+    out["lm_head"] = ClassStat(_device_time(lambda: run_head(hx), dev, reps),
+                               (_weight_bytes(own) if own else _nbytes(head)) + R * (head.shape[1] + head.shape[0]) * e,
+                               2.0 * R * head.numel())
     cache.plan(R)  # a chain of R rows past the committed length: the mask a step's pass reads
     attn = [i for i, t in enumerate(cfg.layer_types) if t != "linear_attention"]
     q = rnd(1, cfg.num_attention_heads, R, cfg.head_dim)
@@ -406,23 +411,31 @@ def class_times(dec, reps: int = 30) -> dict[str, ClassStat]:
         dd.cache.length.copy_(length)
     if dec.drafter is not None:
         def tree():
-            rows = treeops.build(dec.spec, dec.root, *dec.lat, dec.tables)
+            rows = treeops.build(dec.spec, dec.root[:1], *(t[0] for t in dec.lat), dec.tables)
             if dec.spec.kind != "chain":
                 cache.plan(R, rows.parents, rows.depth, dec.spec.max_depth)
             return rows
         out["tree_build"] = ClassStat(_device_time(tree, dev, reps))
         rows, logits = tree(), rnd(R, cfg.vocab_size)
         out["sampling_acceptance"] = ClassStat(_device_time(
-            lambda: treeops.accept(rows, logits.argmax(-1), cache.ctx.anc, dec.path_len), dev, reps))
+            lambda: treeops.accept(rows, logits.argmax(-1), cache.ctx.anc[0], dec.path_len), dev, reps))
     return {c: out.get(c, ClassStat(0.0)) for c in MEASURED}
 
 
-def _weights(blk) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """A block's projection weights as a step reads them (fused where the model fused them)."""
+def _projections(blk) -> list:
+    """A block's projections as a step runs them (fused where the model fused them): callables with
+    in_features and out_features (nn.Linear, the model's Dense, W12Linear)."""
     mods = blk.linear_attn if blk.kind == "linear_attention" else blk.self_attn
     fused = [getattr(mods, "in_proj", None) or getattr(mods, "qkv", None), blk.mlp.gate_up]
     plain = [mods.out_proj if blk.kind == "linear_attention" else mods.o_proj, blk.mlp.down_proj]
-    return [f for f in fused if f is not None] + [(m.weight, m.bias) for m in plain]
+    return [f for f in fused if f is not None] + plain
+
+
+def _weight_bytes(proj) -> int:
+    """Bytes of weight (and bias) a projection reads per pass: its own count when it has one (W12,
+    the certified head), else its dense tensors'."""
+    own = getattr(proj, "nbytes", None)
+    return int(own) if own is not None else _nbytes(proj.weight) + _nbytes(getattr(proj, "bias", None))
 
 
 def _device_time(fn, dev: torch.device, reps: int) -> float:

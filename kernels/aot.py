@@ -25,12 +25,18 @@ def available() -> bool:
 
 
 def compile_kernel(fn, constexprs: dict, capability: int = 90, warps: int = 4, stages: int = 3,
-                   ints: tuple[str, ...] = ("T",)):
+                   ints: tuple[str, ...] = ("T",), types: dict[str, str] | None = None,
+                   aligned: tuple[str, ...] = ()):
     """fn compiled for sm_<capability>: the arguments named in `constexprs` fixed, those in `ints`
-    int32, every other one a float32 pointer."""
+    int32, those in `types` of the type given there (Triton's names: "*u8", "*bf16", "*i32", …),
+    every other one a float32 pointer. Those in `aligned` are taken to be multiples of 16 (bytes for
+    a pointer), as Triton's launcher specializes such arguments at run time."""
     sig = {a: "constexpr" if a in constexprs else "i32" if a in ints else "*fp32" for a in fn.arg_names}
+    sig.update({a: t for a, t in (types or {}).items() if a in sig and a not in constexprs})
     consts = {(fn.arg_names.index(a),): v for a, v in constexprs.items() if a in fn.arg_names}
-    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", capability, 32),
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned if a in sig and a not in constexprs}
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                          target=GPUTarget("cuda", capability, 32),
                           options=dict(num_warps=warps, num_stages=stages))
 
 

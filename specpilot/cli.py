@@ -157,6 +157,12 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--dtype", choices=("float64", "float32", "bfloat16"), default="float32")
     p.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
+    p.add_argument("--weights", choices=("bf16", "w12"), default="bf16",
+                   help="the target's layer weights: as stored (bf16) or W12, 12 bits a weight, bit-exact")
+    p.add_argument("--lm-head", choices=("bf16", "w12", "certified"), default="bf16",
+                   help="the target's LM head: dense, W12, or certified (INT8 with an error bound, exact argmax)")
+    p.add_argument("--driver", choices=("auto", "static", "eager"), default="auto",
+                   help="auto: the static (CUDA-graph) driver on CUDA where it runs the drafter, else eager")
 
 
 def cmd_generate(args) -> int:
@@ -169,11 +175,12 @@ def cmd_generate(args) -> int:
     requests = read_requests(args.workload) if args.workload else [Request(id="prompt", prompt=args.prompt)]
     engine = Engine(EngineConfig(target=args.target, drafter=args.drafter, mode=args.mode,
                                  tree=args.tree or "best-first:32", profile=args.profile, draft_len=args.draft_len,
-                                 dtype=args.dtype, device=args.device, max_new_tokens=args.max_new_tokens))
+                                 dtype=args.dtype, device=args.device, max_new_tokens=args.max_new_tokens,
+                                 weights=args.weights, lm_head=args.lm_head, driver=args.driver))
     prompt_ids = [engine.encode(r) for r in requests]  # checks every request before any generation
     records = [] if args.record else None
     with progress_bar(len(requests), "generate", "req", disable=len(requests) < 2 or args.json) as bar:
-        out = engine.run(requests, progress=bar.update, records=records)
+        out = engine.run(requests, progress=bar.update, records=records, batch=args.batch)
     for o, ids in zip(out["outputs"], prompt_ids):
         o["prompt_ids"] = list(ids)
     if args.record:
@@ -188,7 +195,9 @@ def cmd_generate(args) -> int:
     for o in out["outputs"]:
         print(f"── {o['id']}  (τ {o['tau_mean']:.2f}, {o['steps']} steps)")
         print(o["text"] if o["text"] is not None else o["tokens"])
-    print(f"\nτ {out['tau_mean']:.2f} · {out['tokens_per_s']:.1f} tokens/s · {out['steps']} target passes")
+    steps = f"{out['steps']} target passes" if out["batch"] == 1 else \
+        f"{out['steps']} request steps, at batch {out['batch']}"
+    print(f"\nτ {out['tau_mean']:.2f} · {out['tokens_per_s']:.1f} tokens/s · {steps}")
     if args.out:
         print(f"outputs: {args.out} (for specpilot force --outputs / --baseline / --ar)")
     return 0
@@ -254,6 +263,8 @@ def cmd_pair(args) -> int:
         raise ValueError(f"--repeats {args.repeats}: expected 2 or more (the bound is a t-interval over repeats)")
     if not args.timeout > 0:
         raise ValueError(f"--timeout {args.timeout}: expected a positive number of seconds")
+    if args.batch < 1:
+        raise ValueError(f"--batch {args.batch}: expected 1 or more requests decoded at once")
     cand, inc = config(args.candidate), config(args.incumbent)
     stock = config(args.stock) if args.stock else {**inc, "mode": "chain"}
     reqs = [{k: v for k, v in {"id": r.id, "prompt": r.prompt, "prompt_ids": list(r.prompt_ids) if r.prompt_ids
@@ -271,10 +282,10 @@ def cmd_pair(args) -> int:
     steps = 2 * args.repeats * (2 if len(devices) == 1 else 1)
     with progress_bar(2 * steps, "paired runs", "step", disable=args.json) as bar:
         record = judge(system(cand), system(inc), system(stock), reqs, devices, args.repeats, timeout=args.timeout,
-                       progress=bar.update, workers=LocalWorkers())
+                       progress=bar.update, workers=LocalWorkers(), batch=args.batch)
     path = write_verdict(record, args.verdicts)
     out = {k: record[k] for k in ("gain", "lower_bound", "stock_noise", "threshold", "accepted", "reasons",
-                                  "outputs_differ")} | {"verdict": str(path)}
+                                  "outputs_differ", "batch")} | {"verdict": str(path)}
     if args.json:
         print(json.dumps(out))
         return 0
@@ -370,7 +381,7 @@ def demo_headline(out: dict, store: str, custom_store: bool) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from specpilot import costmodel_cli, force_cli, memory_cli, round_cli, stack_cli
+    from specpilot import costmodel_cli, force_cli, memory_cli, round_cli, stack_cli, w12_cli
     from specpilot.zoo import cli as zoo_cli
 
     parser = Parser(prog="specpilot", description=__doc__)
@@ -381,6 +392,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--workload", metavar="FILE.jsonl", help='requests, one {"id", "prompt"|"prompt_ids"} per line '
                    "(or another generate's --out file)")
     g.add_argument("--prompt", metavar="TEXT", help="a single text prompt")
+    g.add_argument("--batch", type=int, default=1, metavar="N",
+                   help="decode N requests at once (continuous batching on the static driver; default 1)")
     g.add_argument("--record", metavar="FILE", help="save every target pass (lattice, tree, argmax) for replay")
     g.add_argument("--out", metavar="FILE", help='write the outputs as JSON lines {"id", "prompt_ids", "tokens", ...} '
                    "(what force and pair read)")
@@ -408,6 +421,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="use a drafter whose manifest names another target, or whose vocabulary differs")
     pr.add_argument("--devices", default="cpu,cpu", help="cpu,cpu (one core each) | cuda:0,cuda:1 | one device: ABBA")
     pr.add_argument("--repeats", type=int, default=14, metavar="N", help="swapped pairs per comparison (default 14)")
+    pr.add_argument("--batch", type=int, default=1, metavar="N",
+                    help="requests decoded at once in every timed run (continuous batching; default 1)")
     pr.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per worker call (default 600 s)")
     pr.add_argument("--verdicts", default="verdicts", metavar="DIR", help="where verdict records are stored")
     pr.add_argument("--json", action="store_true", help="print one JSON object")
@@ -439,6 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
     costmodel_cli.register(sub)
     round_cli.register(sub)
     stack_cli.register(sub)
+    w12_cli.register(sub)
     return parser
 
 

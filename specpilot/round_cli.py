@@ -3,10 +3,11 @@
   specpilot round --deployment FILE [--rounds K] [--agent search|command:CMD ...] [--run-dir DIR]
                   [--store URL] [--repo DIR] [--json]
 
-A deployment file is a JSON object: "name", "target", "drafter" (checkpoint folders, relative to
-the file), optional "drafters" ({kind: folder}, e.g. a block_markov drafter the memory may switch
-to), "devices" ("cpu,cpu" | "cuda:0,cuda:1" | one device), "gpu" (the device table's kind: cpu,
-h100-sxm, h200, rtx-pro-6000), "workload" (humaneval | stdlib | FILE.jsonl), "prompts",
+A deployment file is a JSON object: "name", "target" (a checkpoint folder, relative to the file),
+optional "drafter" (a checkpoint folder or "ngram"; absent or null: the deployment serves plain AR
+decoding, and stock is AR), optional "drafters" ({kind: folder}, e.g. a block_markov drafter the
+memory may switch to), "devices" ("cpu,cpu" | "cuda:0,cuda:1" | one device), "gpu" (the device
+table's kind: cpu, h100-sxm, h200, rtx-pro-6000), "workload" (humaneval | stdlib | FILE.jsonl), "prompts",
 "max_new_tokens", "draft_len", "repeats" (swapped pairs per comparison), "warmup" (untimed runs per
 worker first; GPUs want several), "budgets", "max_candidates", "timeout".
 """
@@ -57,7 +58,8 @@ def check_deployment(dep: dict, force_drafter: bool = False) -> None:
     from specpilot.services.controller.round import requests_of
     from specpilot.services.planner.costmodel import DEVICES
 
-    for key, drafter in [("drafter", dep["drafter"]), *((f"drafters.{k}", v) for k, v in dep["drafters"].items())]:
+    own = [("drafter", dep["drafter"])] if dep["drafter"] else [("target", None)]  # no drafter: the target alone
+    for key, drafter in [*own, *((f"drafters.{k}", v) for k, v in dep["drafters"].items())]:
         try:
             vocab = check_system(dep["target"], drafter, force_drafter).vocab_size
         except ValueError as e:
@@ -108,7 +110,7 @@ def run_rounds(dep_source, rounds: int, agents=None, run_dir=None, store=None, r
                log=print, force_drafter: bool = False) -> dict:
     from specpilot import bootstrap
     from specpilot.services.controller.records import RecordState, Records
-    from specpilot.services.controller.round import Round, load_deployment
+    from specpilot.services.controller.round import load_deployment, run_deployment
     from specpilot.services.planner.local import check_agents
 
     from specpilot.sqldb import check_url
@@ -131,9 +133,9 @@ def run_rounds(dep_source, rounds: int, agents=None, run_dir=None, store=None, r
         if records.find(EMBEDDED_RUN) is None:
             records.create(dep, rounds, agents, str(run_dir), EMBEDDED_RUN)
         records.set_state(EMBEDDED_RUN, "running")
-        out = Round(dep, run_dir, ports, RecordState(records, EMBEDDED_RUN), agents, repo,
-                    log=None if json_out else log, progress=not json_out,
-                    emit=lambda kind, data: records.event(EMBEDDED_RUN, kind, data)).run(rounds)
+        out = run_deployment(dep, run_dir, ports, RecordState(records, EMBEDDED_RUN), rounds, agents=agents, repo=repo,
+                             log=None if json_out else log, progress=not json_out,
+                             emit=lambda kind, data: records.event(EMBEDDED_RUN, kind, data))
         records.set_state(EMBEDDED_RUN, "done")
         return out
     finally:
@@ -142,15 +144,20 @@ def run_rounds(dep_source, rounds: int, agents=None, run_dir=None, store=None, r
 
 
 def run(args) -> int:
-    from specpilot.services.planner.report import render_terminal
+    from specpilot.services.planner.report import render_dispatch, render_terminal
 
     summary = run_rounds(args.deployment, args.rounds, args.agent, args.run_dir, args.store, args.repo, args.json,
                          force_drafter=args.force_drafter)
     if args.json:
         print(json.dumps(demo_json(summary)))
         return 0
-    print(render_terminal(summary))
-    print(f"report: {summary['report']}")
+    for s in summary.get("lanes") or [summary]:
+        if "lanes" in summary:
+            print(f"batch {s['batch']}:")
+        print(render_terminal(s))
+        print(f"report: {s['report']}")
+    if "dispatch" in summary:
+        print(render_dispatch(summary["dispatch"]))
     return 0
 
 

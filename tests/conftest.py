@@ -46,3 +46,15 @@ def _user_data_home(tmp_path_factory, monkeypatch):
     default to it): each sees an empty data folder of its own."""
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("data-home")))
     monkeypatch.delenv("SPECPILOT_MEMORY_URL", raising=False)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread (and far faster than on threads that share busy cores):
+    a module takes it with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -50,11 +50,18 @@ def _error(status: int, kind: str, detail: str, **headers) -> JSONResponse:
 
 def round_view(rec: dict) -> dict:
     doc = rec.get("doc") or {}
-    s = summary_json({"rounds": doc.get("rounds", []), "final": doc.get("final"), "report": doc.get("report")})
-    return {"id": rec["id"], "state": rec["state"], "error": rec.get("error"), "deployment": rec["deployment"],
-            "rounds_requested": rec["rounds"], "rounds": s["rounds"], "speedup_over_stock": s["speedup_over_stock"],
-            "speedup_over_ar": s["speedup_over_ar"], "final": s["final"], "report": s["report"],
-            "created_at": rec["created_at"], "updated_at": rec["updated_at"]}
+
+    def view(d: dict) -> dict:
+        return summary_json({"rounds": d.get("rounds", []), "final": d.get("final"), "report": d.get("report")})
+
+    out = {"id": rec["id"], "state": rec["state"], "error": rec.get("error"), "deployment": rec["deployment"],
+           "rounds_requested": rec["rounds"], "created_at": rec["created_at"], "updated_at": rec["updated_at"]}
+    if "lanes" in doc:  # judged per batch size: each size's rounds, and the dispatch table once made
+        return out | {"lanes": [{"batch": int(b), **view(d)} for b, d in sorted(doc["lanes"].items(),
+                                                                                 key=lambda x: int(x[0]))],
+                      "dispatch": doc.get("dispatch")}
+    s = view(doc)
+    return out | {k: s[k] for k in ("rounds", "speedup_over_stock", "speedup_over_ar", "final", "report")}
 
 
 def create_app(records: Records, queue, workers, memory, data_dir: Path, token: str, sse_poll: float = 0.5) -> FastAPI:
@@ -200,10 +207,19 @@ def create_app(records: Records, queue, workers, memory, data_dir: Path, token: 
     @app.get("/rounds/{id}/report/{name}", tags=["dashboard"], summary="A run's HTML report pages",
              response_class=HTMLResponse, responses={404: ERRORS[404]})
     def report_file(id: str, name: str):
+        return report_page(id, name, "")
+
+    @app.get("/rounds/{id}/batch-{batch}/report/{name}", tags=["dashboard"], response_class=HTMLResponse,
+             summary="The HTML report pages of one batch size of a run judged per batch size",
+             responses={404: ERRORS[404]})
+    def lane_report_file(id: str, batch: int, name: str):
+        return report_page(id, name, f"batch-{batch}")
+
+    def report_page(id: str, name: str, lane: str):
         rec = found(id)
-        path = Path(rec["run_dir"]) / "report" / name
+        path = Path(rec["run_dir"]) / lane / "report" / name
         if not REPORT_FILE.fullmatch(name) or not path.is_file():
-            raise LookupError(f"no report page {name!r} for round {id!r} (yet)")
+            raise LookupError(f"no report page {name!r} for round {id!r}{' ' + lane if lane else ''} (yet)")
         return FileResponse(path, media_type="text/html")
 
     @app.get("/memory", tags=["dashboard"], summary="Dashboard: memory entries", response_class=HTMLResponse)

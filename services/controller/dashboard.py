@@ -128,7 +128,8 @@ def index(records: list[dict], workers: list[dict], defaults: dict) -> str:
              e(r["deployment"].get("gpu")), e(r["rounds"]), state_cell(r["state"]), when(r["created_at"]),
              e(r.get("error") or "")] for r in records]
     fields = [("name", "text", "name"), ("target", "text", "target checkpoint folder"),
-              ("drafter", "text", "drafter folder or ngram"), ("drafters", "text", 'drafters {"kind": "folder"}'),
+              ("drafter", "text", "drafter folder or ngram (empty: AR)"),
+              ("drafters", "text", 'drafters {"kind": "folder"}'),
               ("gpu", "text", "device kind"), ("devices", "text", "devices (1 or 2)"),
               ("workload", "text", "workload"), ("prompts", "number", "prompts"),
               ("max_new_tokens", "number", "new tokens"), ("repeats", "number", "repeats (≥ 2)"),
@@ -137,7 +138,7 @@ def index(records: list[dict], workers: list[dict], defaults: dict) -> str:
     for name, kind, label in fields:
         v = defaults.get(name, "")
         v = json.dumps(v) if isinstance(v, dict) else v
-        extra = " min=1 required" if kind == "number" else (" required" if name in ("name", "target", "drafter") else "")
+        extra = " min=1 required" if kind == "number" else (" required" if name in ("name", "target") else "")
         extra += " min=2" if name == "repeats" else ""
         inputs.append(f"<label>{e(label)}<input name={name} type={kind} value='{e(v)}'{extra}></label>")
     inputs.append("<label>token (Authorization: Bearer)<input id=token name=token type=password required></label>")
@@ -154,12 +155,37 @@ def round_page(rec: dict, view: dict, events: list[dict]) -> str:
     head = (f"<section><h2>Round {e(rec['id'])}</h2><p>state <span id=state class=state>{e(rec['state'])}</span>"
             f" · deployment <b>{e(dep.get('name'))}</b> ({e(dep.get('gpu'))}, devices {e(dep.get('devices'))}) · "
             f"{e(rec['rounds'])} round(s) · queued {when(rec['created_at'])}</p>"
-            + (f"<p class=bad>{e(rec['error'])}</p>" if rec.get("error") else "")
-            + f"<p>speed-up of the final system over stock: <b>{num(view.get('speedup_over_stock'), '.3f', '×')}</b>"
-            f", over AR: <b>{num(view.get('speedup_over_ar'), '.3f', '×')}</b>"
-            + (f" · <a href='/rounds/{e(rec['id'])}/report/index.html'>report</a>" if view.get("report") else "")
-            + "</p></section>")
-    parts = [head]
+            + (f"<p class=bad>{e(rec['error'])}</p>" if rec.get("error") else "") + "</section>")
+    parts = [head] + ([dispatch_section(view["dispatch"])] if view.get("dispatch") else [])
+    for lane in view.get("lanes") or [view]:
+        parts += lane_sections(rec, lane)
+    log = "".join(f"{when(ev['at'])}  {e(event_text(ev['kind'], ev['data']))}\n" for ev in events)
+    parts.append(f"<section><h2>Live</h2><div id=log>{log}</div></section>")
+    last = events[-1]["seq"] if events else 0
+    script = (f"const ROUND_ID = {json.dumps(rec['id'])}, LAST_EVENT = {last};\n" + LIVE_JS
+              if rec["state"] in ("queued", "running") else "")
+    return page(f"round {rec['id'][:12]}", "".join(parts), script)
+
+
+def dispatch_section(table_: dict) -> str:
+    """The dispatch table: which system runs at which live batch sizes."""
+    rows = [[e(f"{x['min_batch']}–{x['max_batch'] if x['max_batch'] is not None else '∞'}"), e(x["measured_at"]),
+             e(x["label"]), num((x.get("speedup_over_stock") or {}).get("gain"), ".3f", "×")]
+            for x in table_["entries"]]
+    note = f"<p>{e(table_['note'])}</p>" if table_.get("note") else ""
+    return ("<section><h2>Dispatch table (system per batch size)</h2>"
+            + table(["batch sizes", "measured at", "system", "over stock"], rows, "no entry") + note + "</section>")
+
+
+def lane_sections(rec: dict, view: dict) -> list[str]:
+    """One batch size's rounds (the whole run when it judged one batch size)."""
+    sub = f"/batch-{view['batch']}" if "batch" in view else ""
+    title = f"<h2>Batch {e(view['batch'])}</h2>" if "batch" in view else ""
+    parts = [f"<section>{title}<p>speed-up of the final system over stock: "
+             f"<b>{num(view.get('speedup_over_stock'), '.3f', '×')}</b>"
+             f", over AR: <b>{num(view.get('speedup_over_ar'), '.3f', '×')}</b>"
+             + (f" · <a href='/rounds/{e(rec['id'])}{sub}/report/index.html'>report</a>" if view.get("report") else "")
+             + "</p></section>"]
     for r in view["rounds"]:
         rows = []
         for c in r["candidates"]:
@@ -173,17 +199,12 @@ def round_page(rec: dict, view: dict, events: list[dict]) -> str:
                 status = "<span class=ok>accepted</span>" if c["accepted"] else "rejected"
             rows.append([e(c["name"]), status, num(c["gain"], ".3f", "×"), num(c["lower_bound"], ".3f", "×")])
         acc = ", ".join(f"{e(a['entry'])} (×{a['gain']:.3f})" for a in r["accepted"]) or "none"
-        link = (f" · <a href='/rounds/{e(rec['id'])}/report/round-{e(r['round'])}.html'>round report</a>"
+        link = (f" · <a href='/rounds/{e(rec['id'])}{sub}/report/round-{e(r['round'])}.html'>round report</a>"
                 if view.get("report") else "")
         parts.append(f"<section><h2>Round {e(r['round'])}: {e(r['status'])}, direction {e(r['direction'])}</h2>"
                      + table(["candidate", "verdict", "gain", "95 % lower bound"], rows, "no candidate yet")
                      + f"<p>accepted into memory: {acc}{link}</p></section>")
-    log = "".join(f"{when(ev['at'])}  {e(event_text(ev['kind'], ev['data']))}\n" for ev in events)
-    parts.append(f"<section><h2>Live</h2><div id=log>{log}</div></section>")
-    last = events[-1]["seq"] if events else 0
-    script = (f"const ROUND_ID = {json.dumps(rec['id'])}, LAST_EVENT = {last};\n" + LIVE_JS
-              if rec["state"] in ("queued", "running") else "")
-    return page(f"round {rec['id'][:12]}", "".join(parts), script)
+    return parts
 
 
 def memory_page(entries: list[dict], error: str | None) -> str:

@@ -29,11 +29,12 @@ def system(config: dict, patch: str = "", base_rev: str | None = None) -> dict:
     return {"config": dict(config), "patch": patch, "base_rev": base_rev}
 
 
-def timed_generate(sys_: System, requests: list[dict]) -> tuple[list[list[int]], list[list[int]], float]:
-    """Outputs and prompt ids of the requests, and the round trip the controller measured on its
-    own clock (the system reports no time)."""
+def timed_generate(sys_: System, requests: list[dict],
+                   batch: int = 1) -> tuple[list[list[int]], list[list[int]], float]:
+    """Outputs and prompt ids of the requests (`batch` decoding at once), and the round trip the
+    controller measured on its own clock (the system reports no time)."""
     t0 = time.perf_counter()
-    outputs, prompt_ids = sys_.generate(requests)
+    outputs, prompt_ids = sys_.generate(requests, batch)
     return outputs, prompt_ids, time.perf_counter() - t0
 
 
@@ -50,12 +51,12 @@ def steady(seconds: list[float], runs: int = STEADY_RUNS, spread: float = STEADY
     return (last[-1] - last[0]) <= spread * mid
 
 
-def warm_up(sys_: System, requests: list[dict], least: int, most: int = MAX_WARMUP) -> list[float]:
+def warm_up(sys_: System, requests: list[dict], least: int, most: int = MAX_WARMUP, batch: int = 1) -> list[float]:
     """Untimed runs of the requests until the round trip is steady (at least `least`, at most
     `most` runs); returns the round trips, for the verdict."""
     seconds: list[float] = []
     while len(seconds) < most and (len(seconds) < least or not steady(seconds)):
-        seconds.append(timed_generate(sys_, requests)[2])
+        seconds.append(timed_generate(sys_, requests, batch)[2])
     return seconds
 
 
@@ -75,12 +76,13 @@ def gpu_clocks(devices: list[str]) -> dict:
 
 
 def run_pair(candidate: dict, incumbent: dict, requests: list[dict], devices: list[str], repeats: int,
-             timeout: float = 600.0, progress=None, warmup: int = 1, *, workers: GpuWorkers) -> dict:
+             timeout: float = 600.0, progress=None, warmup: int = 1, *, workers: GpuWorkers, batch: int = 1) -> dict:
     """Time candidate against incumbent (systems: `system(...)`) on the swapped schedule, each
     system started by `workers` on each device and warmed up until its round trip is steady
-    (`warm_up`: at least `warmup` untimed runs). Returns the samples, the outputs of every timed
-    run per system, the warm-up round trips and the GPU clocks seen before and after."""
-    runs = stats.schedule([("workload", 1)], len(devices), repeats)
+    (`warm_up`: at least `warmup` untimed runs), `batch` requests decoding at once. Returns the
+    samples (output tokens per second over the whole workload), the outputs of every timed run per
+    system, the warm-up round trips and the GPU clocks seen before and after."""
+    runs = stats.schedule([("workload", batch)], len(devices), repeats)
     configs = {stats.CANDIDATE: candidate, stats.INCUMBENT: incumbent}
     started: dict = {}
     try:
@@ -96,7 +98,7 @@ def run_pair(candidate: dict, incumbent: dict, requests: list[dict], devices: li
         if failed:
             raise failed
         with ThreadPoolExecutor(len(started)) as pool:  # side by side, as the timed runs will be
-            futures = {k: pool.submit(warm_up, w, requests, warmup) for k, w in started.items()}
+            futures = {k: pool.submit(warm_up, w, requests, warmup, MAX_WARMUP, batch) for k, w in started.items()}
             warm = {f"{k[0]}@{devices[k[1]]}": f.result() for k, f in futures.items()}
         clocks_before = gpu_clocks(devices)
         prompt_ids: list = []
@@ -107,7 +109,7 @@ def run_pair(candidate: dict, incumbent: dict, requests: list[dict], devices: li
 
             def one(i):
                 try:
-                    results[i] = timed_generate(started[runs[i].system, runs[i].device], requests)
+                    results[i] = timed_generate(started[runs[i].system, runs[i].device], requests, batch)
                 except Exception as e:  # noqa: BLE001 — re-raised below in this thread
                     results[i] = e
 
@@ -140,11 +142,12 @@ def code_hash() -> str:
 
 
 def baseline(stock: dict, requests: list[dict], devices: list[str], repeats: int, timeout: float = 600.0,
-             progress=None, warmup: int = 1, *, workers: GpuWorkers) -> dict:
+             progress=None, warmup: int = 1, *, workers: GpuWorkers, batch: int = 1) -> dict:
     """What every verdict of a round compares against: stock against itself on the swapped schedule
     (the noise), stock's outputs, and δ of token forcing from stock against AR (Phase 0), scored by
-    stock's target in a worker of its own. Plain data, so a round can store it and resume."""
-    aa = run_pair(stock, stock, requests, devices, repeats, timeout, progress, warmup, workers=workers)
+    stock's target in a worker of its own. AR decodes one request at a time: at batch > 1 stock's
+    batched outputs are forced against unbatched AR. Plain data, so a round can store it and resume."""
+    aa = run_pair(stock, stock, requests, devices, repeats, timeout, progress, warmup, workers=workers, batch=batch)
     stock_out = aa["outputs"][stats.INCUMBENT][0]
     ar_system = {**stock, "config": {**stock["config"], "mode": "ar"}}
     scorer, ar_worker = workers.start(stock, devices[0], timeout), workers.start(ar_system, devices[0], timeout)
@@ -178,12 +181,13 @@ def forcing(candidate_out, base: dict, requests, stock: dict, timeout: float, wo
 
 def judge(candidate: dict, incumbent: dict, stock: dict, requests: list[dict], devices: list[str], repeats: int,
           settings: stats.Settings = stats.Settings(), timeout: float = 600.0, progress=None,
-          base: dict | None = None, warmup: int = 1, *, workers: GpuWorkers) -> dict:
+          base: dict | None = None, warmup: int = 1, *, workers: GpuWorkers, batch: int = 1) -> dict:
     """Candidate vs incumbent, both swapped, against the stock baseline (`baseline`: stock vs stock
     noise, stock's outputs and δ; measured here when not given); token forcing of the candidate's
-    timed outputs; the decision."""
-    base = base or baseline(stock, requests, devices, repeats, timeout, progress, warmup, workers=workers)
-    main = run_pair(candidate, incumbent, requests, devices, repeats, timeout, progress, warmup, workers=workers)
+    timed outputs; the decision. `batch` requests decode at once in every timed run."""
+    base = base or baseline(stock, requests, devices, repeats, timeout, progress, warmup, workers=workers, batch=batch)
+    main = run_pair(candidate, incumbent, requests, devices, repeats, timeout, progress, warmup, workers=workers,
+                    batch=batch)
     cand_out, inc_out = main["outputs"][stats.CANDIDATE], main["outputs"][stats.INCUMBENT]
     deterministic = all(o == cand_out[0] for o in cand_out) and all(o == inc_out[0] for o in inc_out)
     noise_samples = [stats.PairedSample(**x) for x in base["samples"]]
@@ -196,7 +200,7 @@ def judge(candidate: dict, incumbent: dict, stock: dict, requests: list[dict], d
         reasons.append("a system's outputs changed between timed runs: its timing cannot be trusted")
     return {
         "candidate": candidate, "incumbent": incumbent, "stock": stock,
-        "controller_code_sha256": code_hash(), "devices": devices, "repeats": repeats,
+        "controller_code_sha256": code_hash(), "devices": devices, "repeats": repeats, "batch": batch,
         "requests": requests, "settings": dataclasses.asdict(settings),
         "samples": [dataclasses.asdict(x) for x in main["samples"]],
         "stock_samples": base["samples"], "delta": base["delta"],

@@ -18,8 +18,9 @@ class System(Protocol):
 
     device: str
 
-    def generate(self, requests: list[dict]) -> tuple[list[list[int]], list[list[int]]]:
-        """(output tokens, prompt ids) per request, returned once the device has finished."""
+    def generate(self, requests: list[dict], batch: int = 1) -> tuple[list[list[int]], list[list[int]]]:
+        """(output tokens, prompt ids) per request, returned once the device has finished; `batch`
+        requests decode at once (continuous batching: a finished request's place goes to the next)."""
 
     def score(self, prompt_ids: list[int], tokens: list[int]):
         """Teacher-forced scores of one output (argmax_token_ids, token_logprob, argmax_logprob)."""

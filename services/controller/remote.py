@@ -44,8 +44,9 @@ class RemoteSystem:
         except grpc.RpcError as e:
             raise rpc_error(self.device, what, e) from None
 
-    def generate(self, requests: list[dict]) -> tuple[list[list[int]], list[list[int]]]:
-        req = pb.GenerateRequest(system_id=self.system_id, requests=[request_message(r) for r in requests])
+    def generate(self, requests: list[dict], batch: int = 1) -> tuple[list[list[int]], list[list[int]]]:
+        req = pb.GenerateRequest(system_id=self.system_id, requests=[request_message(r) for r in requests],
+                                 batch=batch)
         gens = self._call("generate", lambda: list(self.stub.Generate(req, timeout=self.timeout)))
         if len(gens) != len(requests):
             raise RuntimeError(f"gpu worker {self.device}: generate answered {len(gens)} of {len(requests)} requests")

@@ -33,11 +33,12 @@ from .ports import Ports
 
 BUDGETS = ("chain", "best-first:16", "best-first:32", "best-first:63")
 DEPLOYMENT_DEFAULTS = {
-    "drafters": {}, "gpu": "cpu", "devices": "cpu,cpu", "batch": 1, "workload": "humaneval", "prompts": 3,
-    "max_new_tokens": 48, "draft_len": 16, "repeats": 6, "warmup": 1, "budgets": list(BUDGETS), "timeout": 600.0,
-    "max_candidates": 3,
-}
-REQUIRED = ("name", "target", "drafter")
+    "drafter": None, "drafters": {}, "gpu": "cpu", "devices": "cpu,cpu", "batch": 1, "workload": "humaneval",
+    "prompts": 3, "max_new_tokens": 48, "draft_len": 16, "repeats": 6, "warmup": 1, "budgets": list(BUDGETS),
+    "timeout": 600.0, "max_candidates": 3,
+}  # "drafter": None is a deployment without a drafter: plain AR decoding
+REQUIRED = ("name", "target")
+AR_STOCK_NOTE = "stock decodes AR: the same comparison as over stock, timed once"
 
 
 class DeploymentError(ValueError):
@@ -45,7 +46,10 @@ class DeploymentError(ValueError):
 
 
 def load_deployment(source: str | Path | dict, base: Path | None = None) -> dict:
-    """A deployment from a JSON file (paths relative to the file) or a dict, with defaults filled."""
+    """A deployment from a JSON file (paths relative to the file) or a dict, with defaults filled.
+
+    `drafter` is optional: absent or null, the deployment serves plain AR decoding (its stock is
+    mode "ar"); `drafters` may still name drafters by kind for the memory's variants to switch to."""
     if isinstance(source, dict):
         raw, base = dict(source), base or Path.cwd()
     else:
@@ -54,7 +58,7 @@ def load_deployment(source: str | Path | dict, base: Path | None = None) -> dict
             raw = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise DeploymentError(f"{path}: cannot read the deployment ({e}); write a JSON object with at least "
-                                  f'"name", "target" and "drafter" (checkpoint folders)') from None
+                                  f'"name" and "target" (a checkpoint folder)') from None
         base = path.resolve().parent
     if not isinstance(raw, dict):
         raise DeploymentError("a deployment is a JSON object")
@@ -74,7 +78,11 @@ def load_deployment(source: str | Path | dict, base: Path | None = None) -> dict
         return str(q.resolve())
 
     dep["target"] = folder(dep["target"], "target")
-    dep["drafter"] = dep["drafter"] if dep["drafter"] == "ngram" else folder(dep["drafter"], "drafter")
+    d = dep["drafter"]
+    if d is not None and (not isinstance(d, str) or not d):
+        raise DeploymentError(f"deployment: field 'drafter' = {d!r}: expected a checkpoint folder, 'ngram', or null "
+                              "(absent) for plain AR decoding")
+    dep["drafter"] = d if d in (None, "ngram") else folder(d, "drafter")
     if not isinstance(dep["drafters"], dict):
         raise DeploymentError('deployment: "drafters" maps drafter kinds to folders, e.g. {"block_markov": "DIR"}')
     dep["drafters"] = {k: folder(v, f"drafters.{k}") for k, v in dep["drafters"].items()}
@@ -83,17 +91,39 @@ def load_deployment(source: str | Path | dict, base: Path | None = None) -> dict
         raise DeploymentError(f"deployment: field 'workload' = {w!r}: expected humaneval, stdlib or a FILE.jsonl")
     if w not in ("humaneval", "stdlib"):  # a workload file, relative to the deployment file like the folders
         dep["workload"] = str(Path(w) if Path(w).is_absolute() else base / w)
-    for k in ("batch", "prompts", "max_new_tokens", "draft_len", "repeats", "warmup", "max_candidates"):
-        if not isinstance(dep[k], int) or isinstance(dep[k], bool) or dep[k] < 1:
+    for k in ("prompts", "max_new_tokens", "draft_len", "repeats", "warmup", "max_candidates"):
+        if not _positive(dep[k]):
             raise DeploymentError(f"deployment: {k!r} must be a positive integer, got {dep[k]!r}")
-    if dep["batch"] != 1:
-        raise DeploymentError("deployment: the engine decodes one request at a time; batch must be 1")
+    b = dep["batch"]
+    if isinstance(b, list) and len(b) == 1:
+        b = dep["batch"] = b[0]
+    if not (_positive(b) or isinstance(b, list) and b and all(map(_positive, b)) and len(set(b)) == len(b)):
+        raise DeploymentError(f"deployment: 'batch' = {b!r}: expected a positive integer (requests decoded at once) "
+                              "or a list of distinct ones, e.g. [1, 16], for a dispatch table by batch size")
+    if isinstance(b, list):
+        dep["batch"] = sorted(b)
+    if max(batch_sizes(dep)) > dep["prompts"]:
+        raise DeploymentError(f"deployment: batch {max(batch_sizes(dep))} needs at least as many prompts; "
+                              f"'prompts' is {dep['prompts']}")
+    if batch_sizes(dep) != [1] and dep["drafter"] not in (None, "ngram"):  # stock must run at every batch size
+        raise DeploymentError(f"deployment: batch {dep['batch']} with drafter {dep['drafter']}: batched decoding runs "
+                              "AR and the n-gram drafter for now (device drafters decode one request at a time); "
+                              "use batch 1, or drafter 'ngram' or none")
     if dep["repeats"] < 2:
         raise DeploymentError("deployment: repeats must be at least 2 (the bound is a t-interval over repeats)")
     device_list(dep["devices"])
     if "family" not in dep:
         dep["family"] = json.loads((Path(dep["target"]) / "config.json").read_text()).get("model_type", "unknown")
     return dep
+
+
+def _positive(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+
+def batch_sizes(dep: dict) -> list[int]:
+    """The batch sizes a deployment is judged at: one, or each of a list (a dispatch table)."""
+    return list(dep["batch"]) if isinstance(dep["batch"], list) else [dep["batch"]]
 
 
 def requests_of(dep: dict) -> list[dict]:
@@ -106,9 +136,13 @@ def requests_of(dep: dict) -> list[dict]:
 
 
 def stock_config(dep: dict) -> dict:
+    """The deployment's stock system: chain speculation with its drafter, or plain AR decoding
+    (no drafter, no draft length) when it names none."""
     device = "cpu" if dep["devices"].split(",")[0].strip().startswith("cpu") else "cuda"
-    return {"target": dep["target"], "drafter": dep["drafter"], "mode": "chain", "draft_len": dep["draft_len"],
-            "max_new_tokens": dep["max_new_tokens"], "device": device}
+    common = {"target": dep["target"], "max_new_tokens": dep["max_new_tokens"], "device": device}
+    if dep["drafter"] is None:
+        return {**common, "mode": "ar"}
+    return {**common, "drafter": dep["drafter"], "mode": "chain", "draft_len": dep["draft_len"]}
 
 
 def port_deployment(dep: dict) -> dict:
@@ -161,7 +195,10 @@ class Round:
 
     def __init__(self, dep: dict, run_dir: Path, ports: Ports, state, agents: list[str] | None = None,
                  repo: Path | None = None, log=print, progress: bool = True, emit=None, cancelled=None):
+        if isinstance(dep["batch"], list):
+            raise ValueError("a Round judges one batch size; run_deployment runs one per batch size")
         self.dep, self.dir, self.log, self.progress = dep, Path(run_dir), log or (lambda *a: None), progress
+        self.batch = dep["batch"]
         self.workers, self.memory, self.planner = ports.workers, ports.memory, ports.planner
         self.agents = list(agents or ["search"])
         self.emit = emit or (lambda kind, data: None)
@@ -218,6 +255,9 @@ class Round:
         rec["profile_seconds"] = time.perf_counter() - t0
         rec["costmodel"] = self.planner.analyze(measurement, self.dep["gpu"])
         rec["direction"] = rec["costmodel"]["direction"]
+        if self.batch > 1:  # the verdicts are timed at the batch; the profile is not (yet)
+            rec["costmodel"]["batch_note"] = (f"profiled one request at a time; candidates are timed {self.batch} "
+                                              "requests at once")
 
     def _replays(self) -> list[str]:
         """Every tree policy a stored variant names (exact replay prices them without running)."""
@@ -249,7 +289,7 @@ class Round:
             with self.bar(2 * self.dep["repeats"], "stock noise (stock vs stock)") as b:
                 self.state["baseline"] = baseline(system(self.stock, "", self.state["stock_rev"]), self.requests,
                                                   self.devices, self.dep["repeats"], self.dep["timeout"], b.update,
-                                                  self.dep["warmup"], workers=self.workers)
+                                                  self.dep["warmup"], workers=self.workers, batch=self.batch)
             self.save()
         if "power" not in self.state:  # what this design can accept at the noise just measured
             noise = stats.gain([stats.PairedSample(**x) for x in self.state["baseline"]["samples"]])
@@ -276,7 +316,7 @@ class Round:
                         v = judge(self.system(cand), self.system(inc), system(self.stock, "", self.state["stock_rev"]),
                                   self.requests, self.devices, self.dep["repeats"], timeout=self.dep["timeout"],
                                   progress=b.update, base=self.state["baseline"], warmup=self.dep["warmup"],
-                                  workers=self.workers)
+                                  workers=self.workers, batch=self.batch)
                     path = write_verdict({**v, "key": key}, self.dir / "verdicts")
                 c["verdict"] = {"path": str(path), "id": path.stem, "accepted": v["accepted"], "gain": v["gain"],
                                 "lower_bound": v["lower_bound"], "threshold": v["threshold"],
@@ -375,9 +415,10 @@ class Round:
             self.save()
         cm = rec["costmodel"]
         f = cm["ceiling"]["factors"]
+        tree_note = cm["ceiling"].get("notes", {}).get("tree")
         self.log(f"  τ {cm['tau_current']:.2f} · ×{cm['speedup_current']:.2f} over AR by the cost model · ceiling "
-                 f"tree ×{f['tree']:.2f}, kernels ×{f['kernels']:.2f}, off-profile ×{f['off_profile']:.2f} "
-                 f"→ direction {rec['direction']}")
+                 f"tree ×{f['tree']:.2f}{f' ({tree_note})' if tree_note else ''}, kernels ×{f['kernels']:.2f}, "
+                 f"off-profile ×{f['off_profile']:.2f} → direction {rec['direction']}")
         self.check_cancelled()
         if "candidates" not in rec:
             self.propose(rec)
@@ -413,7 +454,8 @@ class Round:
         return {"tau": pred.get("tau"), "speedup_over_ar": pred.get("speedup"), "speedup_over_stock": chained}
 
     def final(self) -> dict:
-        """The final incumbent against stock and against AR, timed by the controller."""
+        """The final incumbent against stock and against AR, timed by the controller. When stock
+        decodes AR the two are one comparison: it is timed once, and the AR figure says so."""
         inc = self.incumbent()
         out = {"label": inc["label"], "config": inc["config"], "entries": inc["entries"]}
         if "final" in self.state and self.state["final"].get("label") == inc["label"]:
@@ -421,17 +463,24 @@ class Round:
         self.emit("step", {"step": "final", "system": inc["label"]})
         reps = self.dep["repeats"]
         stock = system(self.stock, "", self.state["stock_rev"])
-        for key, other in (("speedup_over_stock", stock),
-                           ("speedup_over_ar", {**stock, "config": {**self.stock, "mode": "ar"}})):
+        ar_stock = self.stock["mode"] == "ar"
+        others = [("speedup_over_stock", stock)]
+        if not ar_stock:
+            others.append(("speedup_over_ar", {**stock, "config": {**self.stock, "mode": "ar"}}))
+        for key, other in others:
             if key == "speedup_over_stock" and inc["label"] == "stock":
                 out[key] = {"gain": 1.0, "lower_bound": 1.0}
                 continue
             self.check_cancelled()
             with self.bar(2 * reps, f"final: {inc['label']} vs {'stock' if 'stock' in key else 'AR'}") as b:
                 r = run_pair(self.system(inc), other, self.requests, self.devices, reps, self.dep["timeout"], b.update,
-                             self.dep["warmup"], workers=self.workers)
+                             self.dep["warmup"], workers=self.workers, batch=self.batch)
             est = stats.gain(r["samples"])
             out[key] = {"gain": est.gain, "lower_bound": est.lower}
+            if key == "speedup_over_ar":  # the other way round: does AR beat the final system?
+                out[key]["ar_lower_bound"] = stats.gain(stats.swapped(r["samples"])).lower
+        if ar_stock:
+            out["speedup_over_ar"] = {**out["speedup_over_stock"], "note": AR_STOCK_NOTE}
         self.state["final"] = out
         self.save()
         return out
@@ -449,9 +498,78 @@ class Round:
         return summary
 
 
+class LaneState:
+    """One batch size's state document inside a run's state document (`doc["lanes"][batch]`)."""
+
+    def __init__(self, state, batch: int):
+        self.state, self.key = state, str(batch)
+
+    def load(self) -> dict | None:
+        return ((self.state.load() or {}).get("lanes") or {}).get(self.key)
+
+    def save(self, lane: dict) -> None:
+        doc = self.state.load() or {}
+        doc.setdefault("lanes", {})[self.key] = lane
+        self.state.save(doc)
+
+
+def lane(dep: dict, batch: int) -> dict:
+    """The deployment at one of its batch sizes: its own name, so verdicts and memory lineage say it."""
+    return {**dep, "batch": batch, "name": f"{dep['name']}-b{batch}"}
+
+
+def run_deployment(dep: dict, run_dir: Path, ports: Ports, state, rounds: int, **kw) -> dict:
+    """Rounds for a deployment: one `Round` at a single batch size; at a list of batch sizes one
+    `Round` per size (each under `run_dir/batch-N`, its state a lane of the run's document) and
+    the dispatch table of their final systems."""
+    if not isinstance(dep["batch"], list):
+        return Round(dep, run_dir, ports, state, **kw).run(rounds)
+    lanes = [(b, Round(lane(dep, b), Path(run_dir) / f"batch-{b}", ports, LaneState(state, b), **kw).run(rounds))
+             for b in dep["batch"]]
+    table = dispatch_table([(b, s["final"]) for b, s in lanes])
+    doc = state.load() or {}
+    doc.update(deployment=dep, dispatch=table)
+    state.save(doc)
+    return {"deployment": dep, "lanes": [{"batch": b, **s} for b, s in lanes], "dispatch": table}
+
+
+def dispatch_table(finals: list[tuple[int, dict]]) -> dict:
+    """The system to run per batch-size range, from each measured batch size's final system (in
+    increasing batch order): an entry covers its batch size up to the next one's; the first starts
+    at 1, the last has no end. Where AR beat the final system with 95 % confidence (its lower bound
+    over it above 1), the entry is plain AR: no speculation at those batch sizes."""
+    entries = []
+    for i, (b, f) in enumerate(finals):
+        over_ar = f.get("speedup_over_ar") or {}
+        ar = (over_ar.get("ar_lower_bound") or 0.0) > 1.0 and f["config"].get("mode") != "ar"
+        config = {k: v for k, v in f["config"].items() if k not in ("drafter", "draft_len", "tree")} | {"mode": "ar"} \
+            if ar else f["config"]
+        entries.append({"min_batch": 1 if i == 0 else b, "max_batch": finals[i + 1][0] - 1 if i + 1 < len(finals)
+                        else None, "measured_at": b, "label": "ar (no speculation)" if ar else f["label"],
+                        "config": config, "speedup_over_stock": f["speedup_over_stock"], "speedup_over_ar": over_ar})
+    systems = {json.dumps(e["config"], sort_keys=True) for e in entries}
+    note = None
+    if len(entries) > 1 and len(systems) == 1:
+        figures = ", ".join(f"×{e['speedup_over_stock']['gain']:.3f} over stock at batch {e['measured_at']}"
+                            for e in entries)
+        note = f"one system wins at every batch size measured: {entries[0]['label']} ({figures})"
+    return {"entries": entries, "note": note}
+
+
+def dispatch_for(table: dict, batch: int) -> dict:
+    """The entry of a dispatch table that serves a live batch of `batch` requests."""
+    for e in table["entries"]:
+        if batch >= e["min_batch"] and (e["max_batch"] is None or batch <= e["max_batch"]):
+            return e
+    raise ValueError(f"batch {batch}: no entry of the dispatch table covers it")
+
+
 def summary_json(summary: dict) -> dict:
     """A run as `specpilot demo --json` and the controller's REST API show it (a run still in
     progress shows what it has so far)."""
+    if "lanes" in summary:  # a dispatch table: each batch size's run, then the table
+        return {"dispatch": summary.get("dispatch"),
+                "lanes": [{"batch": s["batch"], **summary_json(s)} for s in summary["lanes"]]}
     final = summary.get("final") or {}
 
     def verdict(c, k):

@@ -26,7 +26,7 @@ from specpilot.queue import ROUND_TASK, make_celery, rounds_queue
 from specpilot.settings import Settings
 
 from .records import Heartbeat, RecordState, Records
-from .round import Cancelled, Round
+from .round import Cancelled, run_deployment
 
 LEASE = 15.0  # seconds a runner's claim lasts without renewal
 SWEEP = 5.0
@@ -54,10 +54,10 @@ def execute(records: Records, ident: str, settings: Settings, ports=None) -> str
         records.set_state(ident, "running")
         records.event(ident, "state", {"state": "running", "runner": owner})
         ports = ports or bootstrap.distributed(settings, app)
-        rnd = Round(rec["deployment"], Path(rec["run_dir"]), ports, RecordState(records, ident), rec["agents"],
-                    settings.repo, log=None, progress=False, emit=lambda kind, data: records.event(ident, kind, data),
-                    cancelled=lambda: records.cancel_requested(ident))
-        rnd.run(rec["rounds"])
+        run_deployment(rec["deployment"], Path(rec["run_dir"]), ports, RecordState(records, ident), rec["rounds"],
+                       agents=rec["agents"], repo=settings.repo, log=None, progress=False,
+                       emit=lambda kind, data: records.event(ident, kind, data),
+                       cancelled=lambda: records.cancel_requested(ident))
         state, error = "done", None
     except Cancelled:
         state, error = "cancelled", None

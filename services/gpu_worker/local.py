@@ -7,8 +7,8 @@ the gRPC server (docs/METHOD.md §2), used by the embedded mode and the controll
 everything else (this worker, the zoo) from the installed package.
 
 It loads the system, prints {"ready": true}, then answers each line:
-- {"requests": [...]} (workload request objects) → {"outputs": [[token, ...], ...], "prompt_ids": [...]}
-  once the device has finished — it never reports a time: the controller times the round trip;
+- {"requests": [...], "batch": B} (workload request objects; B at a time, default 1) →
+  {"outputs": [[token, ...], ...], "prompt_ids": [...]} once the device has finished — it never reports a time: the controller times the round trip;
 - {"score": [{"prompt_ids", "tokens"}, ...]} → {"scores": [{argmax_token_ids, token_logprob,
   argmax_logprob}, ...]}: teacher-forced scores by the system's target with a float32 LM head
   (the scorer of token forcing, when the system is stock);
@@ -66,14 +66,26 @@ def main(argv: list[str]) -> int:
                 reply = {"scores": [vars(score(scorer, s["prompt_ids"], s["tokens"])) for s in msg["score"]]}
             else:
                 reqs = [request_from_json(r) for r in msg["requests"]]
-                outs = [engine.generate(r).tokens for r in reqs]
+                batch = msg.get("batch", 1)
+                if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+                    raise ValueError(f"batch = {batch!r}: expected a positive integer")
+                if batch > 1 and not hasattr(engine, "generate_batch"):
+                    raise ValueError(f"batch = {batch}: this engine decodes one request at a time")
+                results = engine.generate_batch(reqs, batch) if batch > 1 else [engine.generate(r) for r in reqs]
                 if engine_cfg["device"].startswith("cuda"):
                     torch.cuda.synchronize()
-                reply = {"outputs": outs, "prompt_ids": [engine.encode(r) for r in reqs]}
+                reply = {"outputs": [r.tokens for r in results], "prompt_ids": [engine.encode(r) for r in reqs],
+                         "acceptance": acceptance_counts([s for r in results for s in r.steps])}
             print(json.dumps(reply), flush=True)
         except (ValueError, KeyError, TypeError) as e:  # a bad request is answered, never fatal
             print(json.dumps({"error": " ".join(f"{type(e).__name__}: {e}".split())}), flush=True)
     return 0
+
+
+def acceptance_counts(steps) -> dict:
+    """Target passes and, per drafted position (1, 2, …), how many of them accepted a token there."""
+    drafted = max((st.drafted for st in steps), default=0)
+    return {"steps": len(steps), "accepted": [sum(st.tau > i + 1 for st in steps) for i in range(drafted)]}
 
 
 if __name__ == "__main__":

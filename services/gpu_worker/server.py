@@ -49,6 +49,10 @@ SECONDS = Histogram("specpilot_gpu_worker_call_seconds", "Time serving a GpuWork
                     buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600))
 SYSTEMS = Gauge("specpilot_gpu_worker_systems", "Built systems whose process is running")
 UP = Gauge("specpilot_gpu_worker_up", "1 while the worker serves", ["device", "kind"])
+STEPS = Counter("specpilot_verify_steps_total", "Target passes of the systems' generations (one per request per step)")
+ACCEPTED = Counter("specpilot_accepted_tokens_per_position_total", "Drafted tokens accepted, by position in the draft "
+                   "(1 = the first drafted token); over specpilot_verify_steps_total: acceptance per position",
+                   ["position"])
 
 
 class GpuWorkerServicer(pb_grpc.GpuWorkerServicer):
@@ -140,8 +144,13 @@ class GpuWorkerServicer(pb_grpc.GpuWorkerServicer):
     def Generate(self, request, context):
         system = self._get(request.system_id, context)
         outputs, prompt_ids = self._serve("Generate", context,
-                                          lambda: system.generate([request_json(r) for r in request.requests]),
+                                          lambda: system.generate([request_json(r) for r in request.requests],
+                                                                  max(1, request.batch)),
                                           request.system_id)
+        seen = getattr(system, "acceptance", None) or {"steps": 0, "accepted": []}
+        STEPS.inc(seen["steps"])
+        for pos, n in enumerate(seen["accepted"], 1):
+            ACCEPTED.labels(position=str(pos)).inc(n)
         for i, (out, ids) in enumerate(zip(outputs, prompt_ids)):
             yield pb.Generation(index=i, token_ids=out, prompt_ids=ids)
 

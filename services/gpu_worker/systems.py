@@ -43,6 +43,7 @@ class SystemProcess:
 
     def __init__(self, engine: dict, device: str, timeout: float, on_close=None):
         self.timeout, self.device, self._on_close = timeout, device, on_close
+        self.acceptance = None  # of the last generate
         self.log = tempfile.TemporaryFile(mode="w+")
         self._lock = threading.Lock()
         engine = dict(engine)
@@ -79,9 +80,10 @@ class SystemProcess:
             raise ValueError(f"worker on {self.device} refused the {what} call: {reply['error']}")
         return reply
 
-    def generate(self, requests: list[dict]) -> tuple[list[list[int]], list[list[int]]]:
-        """(outputs, prompt ids) of the requests, once the device has finished."""
-        reply = self.call({"requests": requests}, "generate")
+    def generate(self, requests: list[dict], batch: int = 1) -> tuple[list[list[int]], list[list[int]]]:
+        """(outputs, prompt ids) of the requests, `batch` at a time, once the device has finished."""
+        reply = self.call({"requests": requests, "batch": batch}, "generate")
+        self.acceptance = reply.get("acceptance")  # target passes and tokens accepted per drafted position
         return reply["outputs"], reply["prompt_ids"]
 
     def score(self, prompt_ids, tokens) -> SimpleNamespace:

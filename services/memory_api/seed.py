@@ -6,9 +6,14 @@ code exactly. Variants are named option sets of `EngineConfig` fields (`mode`, `
 `draft_len`, and `drafter` named by kind — `kind:block_markov` — never by path); all mechanisms are greedy and lossless, so each contract is token forcing with
 `output_may_differ = False`.
 
-Requirements. No seed entry requires another. The mechanisms are independent switches of the one
+Requirements. The speculation mechanisms require nothing: they are independent switches of the one
 engine: a tree policy does not need a different draft length to run (it sets its own `draft_len`),
-and the block-Markov drafter works in chain mode as well as under any tree policy. Sequoia's
+and the block-Markov drafter works in chain mode as well as under any tree policy. The weight
+formats are GPU mechanisms: W12 pays only through its GEMM on a GPU and the certified head only
+through its INT8 kernel there (on the CPU both run their torch references, exact and slower), so
+their `limits` name the Hopper device kinds. W12 requires the static driver: its GEMM is written
+for the fixed-shape, graph-captured step (`driver-static`, which `auto` already takes on CUDA — the
+entry pins it, and a candidate of it alone is the stock system there). Sequoia's
 acceptance profile comes from a replay recording (`specpilot replay --profile-out`), which is a
 measurement step, not another entry's code or configuration, so it is noted under `unverified`
 instead of being a requirement. Inventing edges would make porting drop entries for no reason.
@@ -22,11 +27,13 @@ option names against `EngineConfig` and the tree policies against `trees.parse_p
 
 from __future__ import annotations
 
-from .entries import Contract, Entry
+from .entries import Contract, Entry, Requirement
 
 MARKOV = "kind:block_markov"  # a drafter named by kind, resolved against the deployment's drafters
 LOSSLESS = Contract(rule="token_forcing", output_may_differ=False, options={})
-_BATCH = "measured only at batch 1: the engine decodes one request at a time"
+_BATCH = "measured only at batch 1 (batched decoding runs AR and the n-gram drafter; device drafters one request at a time)"
+HOPPER = ["h100-sxm", "h200"]  # the W12 GEMM and the INT8 head kernel are Triton kernels built for sm_90
+CUDA = [*HOPPER, "rtx-pro-6000"]
 _DRAFTER = ("needs a drafter in the deployment (EngineConfig.drafter: a checkpoint folder or 'ngram'); "
             "the entry does not name one")
 
@@ -104,6 +111,44 @@ def seed_entries() -> list[Entry]:
             },
             contract=LOSSLESS,
             unverified=(_DRAFTER, _BATCH),
+        ),
+        Entry(
+            id="driver-static",
+            version=1,
+            title="The static-shape driver: fixed buffers, the step captured as CUDA graphs, one device → host read "
+                  "a step (built-in: driver=static)",
+            variants={"static": {"driver": "static"}},
+            contract=LOSSLESS,
+            limits={"devices": CUDA},
+            unverified=("on CUDA the default driver (auto) already takes it where it runs the drafter and policy; a "
+                        "drafter it cannot run is refused", _BATCH),
+        ),
+        Entry(
+            id="weights-w12",
+            version=1,
+            requires=(Requirement("driver-static"),),
+            title="W12 weights: every layer projection of the target in 12 bits a weight, bit-exact, read by the "
+                  "W12 GEMM (built-in: weights=w12)",
+            variants={"layers": {"weights": "w12", "driver": "static"},
+                      "layers-and-head": {"weights": "w12", "lm_head": "w12", "driver": "static"}},
+            contract=LOSSLESS,
+            limits={"devices": HOPPER},
+            unverified=(
+                "needs weights whose values are bf16 values (a bf16 checkpoint); other weights are refused at load",
+                "the dense weights stay resident beside the packed ones: the step reads 12 bits a weight, the "
+                "memory is not yet freed",
+                _BATCH,
+            ),
+        ),
+        Entry(
+            id="lm-head-certified",
+            version=1,
+            title="Certified LM head: an INT8 copy with a per-row error bound drops the tokens proven not to be "
+                  "the argmax, the rest rescored exactly (built-in: lm_head=certified)",
+            variants={"int8": {"lm_head": "certified"}},
+            contract=LOSSLESS,
+            limits={"devices": HOPPER},
+            unverified=("pays where the head is a large part of the step (a large vocabulary at few rows)", _BATCH),
         ),
     ]
     return sorted(entries, key=lambda e: e.id)

@@ -16,7 +16,10 @@ and the ceiling over the current system is the product of three factors:
 - off_profile = measured step time / profiled (summed) kernel time
 
 The direction of the next round is the largest factor; for kernels it names the class that wastes
-the most time (time − floor). Server-free: no engine import, no other service.
+the most time (time − floor). A system without a drafter (plain AR decoding) has no tree to grow:
+its tree factor is 1, it is never the direction, and the table says why; its step is the AR step,
+so its speedup is 1 and the direction is the kernels (at one request, the weight read) or the
+time off the profile. Server-free: no engine import, no other service.
 """
 
 from __future__ import annotations
@@ -254,6 +257,7 @@ def best_budget(taus: Mapping[int, float], step_times: Mapping[int, float], t_ar
 
 
 FACTORS = ("tree", "kernels", "off_profile")  # also the tie-break order of `largest`
+AR = "ar"  # the policy of an AR system's one measured row (the GPU worker's Profile)
 
 
 @dataclass(frozen=True)
@@ -268,6 +272,9 @@ class ClassRow:
         return self.seconds - self.floor
 
 
+NO_TREE = "no drafter: no tree can help"  # why an AR system's tree factor is 1
+
+
 @dataclass(frozen=True)
 class Ceiling:
     factors: dict[str, float]
@@ -275,10 +282,13 @@ class Ceiling:
     largest: str
     per_class: tuple[ClassRow, ...]
     device: str = ""
+    notes: Mapping[str, str] = field(default_factory=dict)  # factor -> why it is what it is
 
 
-def ceiling(profile: Profile, device_: str | DeviceSpec, tau_current: float, tau_oracle: float) -> Ceiling:
-    """The three factors over the current system (see the module docstring)."""
+def ceiling(profile: Profile, device_: str | DeviceSpec, tau_current: float, tau_oracle: float,
+            has_drafter: bool = True) -> Ceiling:
+    """The three factors over the current system (see the module docstring). Without a drafter
+    the tree factor is 1 whatever the τ given, and the largest factor is one of the other two."""
     if not (tau_current > 0 and tau_oracle > 0):
         raise ValueError(f"τ must be positive, got current={tau_current}, oracle={tau_oracle}")
     d = device(device_)
@@ -297,12 +307,14 @@ def ceiling(profile: Profile, device_: str | DeviceSpec, tau_current: float, tau
     if floors <= 0:
         raise ValueError("no profiled class has bytes or FLOPs: the kernel factor has no floor")
     factors = {
-        "tree": tau_oracle / tau_current,
+        "tree": tau_oracle / tau_current if has_drafter else 1.0,
         "kernels": profiled / floors,
         "off_profile": profile.t_step / profiled,
     }
-    largest = max(FACTORS, key=lambda f: (factors[f], -FACTORS.index(f)))
-    return Ceiling(factors, math.prod(factors.values()), largest, tuple(rows), d.name)
+    open_factors = FACTORS if has_drafter else tuple(f for f in FACTORS if f != "tree")
+    largest = max(open_factors, key=lambda f: (factors[f], -FACTORS.index(f)))
+    notes = {} if has_drafter else {"tree": NO_TREE}
+    return Ceiling(factors, math.prod(factors.values()), largest, tuple(rows), d.name, notes)
 
 
 def direction(c: Ceiling) -> str:
@@ -330,7 +342,7 @@ def _fmt_s(seconds: float) -> str:
 def render_table(c: Ceiling) -> str:
     lines = [f"ceiling over the current system{' on ' + c.device if c.device else ''}: {c.product:.3f}x"]
     for f in FACTORS:
-        mark = "  <- largest" if f == c.largest else ""
+        mark = "  <- largest" if f == c.largest else f"  ({c.notes[f]})" if f in c.notes else ""
         lines.append(f"  {f:<12} {c.factors[f]:8.3f}x{mark}")
     lines.append(f"direction: {direction(c)}")
     lines.append("")
@@ -357,7 +369,8 @@ def render_svg(c: Ceiling) -> str:
         fill = "#d9534f" if f == c.largest else "#5b8def"
         parts.append(f'<text x="10" y="{y + 15}" font-size="12">{escape(f)}</text>')
         parts.append(f'<rect x="{left}" y="{y}" width="{w:.1f}" height="{row_h - 6}" fill="{fill}"/>')
-        parts.append(f'<text x="{left + w + 5:.1f}" y="{y + 15}" font-size="12">{v:.2f}x</text>')
+        note = f" ({c.notes[f]})" if f in c.notes else ""
+        parts.append(f'<text x="{left + w + 5:.1f}" y="{y + 15}" font-size="12">{escape(f"{v:.2f}x{note}")}</text>')
         y += row_h
     y += 20
     parts.append(f'<text x="10" y="{y}" font-size="13" font-weight="bold">time per class vs byte floor</text>')
@@ -395,7 +408,9 @@ def analyze(measurement: Mapping, device_: str | DeviceSpec) -> dict:
     `t_ar_s`, `current` policy, `budgets` rows with τ, step wall time and kernel stats, `replay` τ
     per policy incl. the oracle): c(N) and speedup per budget, the best budget, the ceiling over
     the *current* system (its own profile and τ, the oracle's τ on its own recording), the
-    direction, and the table / SVG renderings."""
+    direction, and the table / SVG renderings. An AR system's measurement (`current` "ar": one
+    row, the AR step, no replay) gives speedup 1, tree factor 1 (no drafter) and a direction of
+    kernels or off-profile."""
     t_ar = float(measurement["t_ar_s"])
     budgets = []
     for b in measurement["budgets"]:
@@ -405,15 +420,16 @@ def analyze(measurement: Mapping, device_: str | DeviceSpec) -> dict:
     cur = next(b for b in measurement["budgets"] if b["policy"] == measurement["current"])
     measured = {k: v for k, v in cur["kernels"].items() if k != "other"}  # "other" is the off-profile remainder
     replayed = dict(measurement.get("replay", {}))
-    tau_oracle = max(replayed.get("oracle", cur["tau"]), cur["tau"])
+    has_drafter = measurement["current"] != AR
+    tau_oracle = max(replayed.get("oracle", cur["tau"]), cur["tau"]) if has_drafter else cur["tau"]
     ceil = ceiling(Profile(t_step=cur["t_step_s"], kernels=measured), device_,
-                   cur["tau"], tau_oracle)
+                   cur["tau"], tau_oracle, has_drafter)
     return {
         "t_ar_s": t_ar, "budgets": budgets, "best": best["policy"], "current": cur["policy"],
         "tau_current": cur["tau"], "tau_oracle": tau_oracle, "replay": replayed,
         "speedup_current": speedup(cur["tau"], cur["t_step_s"], t_ar),
         "ceiling": {"factors": dict(ceil.factors), "product": ceil.product, "largest": ceil.largest,
-                    "device": ceil.device,
+                    "device": ceil.device, "notes": dict(ceil.notes),
                     "per_class": [{"class": r.kernel_class, "seconds": r.seconds, "floor_s": r.floor, "ratio": r.ratio}
                                   for r in ceil.per_class]},
         "direction": direction(ceil), "table": render_table(ceil), "svg": render_svg(ceil),

@@ -14,7 +14,8 @@ escaped, rationales and patches being untrusted text)::
                    "best": str (a budget's policy), "tau_current": float, "tau_oracle": float,
                    "replay": {policy: tau},
                    "ceiling": {"factors": {"tree", "kernels", "off_profile"}, "product", "largest",
-                               "per_class": [{"class", "seconds", "floor_s", "ratio"}]},
+                               "per_class": [{"class", "seconds", "floor_s", "ratio"}],
+                               "notes": {factor: why} (optional: an AR system's tree factor)},
                    "direction": str, "svg": str | None (costmodel.render_svg; drawn here if absent)},
      "direction": str,
      "agents": {agent name: {"notes": [str], "skipped": [{"name", "reason"}], ...}} (optional),
@@ -31,7 +32,7 @@ lower_bound − 1 had to clear. A run summary::
 
     {"deployment": {...}, "rounds": [round records],
      "final": {"label", "config", "entries", "speedup_over_stock": {"gain", "lower_bound"},
-               "speedup_over_ar": {"gain", "lower_bound"}} | None,
+               "speedup_over_ar": {"gain", "lower_bound", "note" (optional: stock is AR)}} | None,
      "report": str | None (free text or a path, shown as is)}
 
 A round's "incumbent after" is the next round's incumbent label, or the final label after the last.
@@ -171,6 +172,8 @@ def _deployment(d, paths: _Paths) -> str:
     d = _d(d)
     shown = {k: paths.show(d.get(k)) if k in ("target", "drafter") and isinstance(d.get(k), str) else d.get(k)
              for k in ("target", "drafter", "gpu", "batch")}
+    if "drafter" in d and d["drafter"] is None:  # a deployment without a drafter decodes AR
+        shown["drafter"] = "none (AR)"
     return " · ".join(f"{k} <b>{_e(v)}</b>" for k, v in shown.items())
 
 
@@ -388,10 +391,11 @@ def render_round_html(record: dict, folder=None) -> str:
     if _d(cm.get("replay")):
         body.append(_table(["replay policy", "τ"], [[p, _n(t, ".2f")] for p, t in cm["replay"].items()]))
     factors, per_class = _d(ceil.get("factors")), _dicts(ceil.get("per_class"))
-    names = list(factors) or ["tree", "kernels", "off_profile"]
+    names, notes = list(factors) or ["tree", "kernels", "off_profile"], _d(ceil.get("notes"))
+    noted = lambda f: f" ({notes[f]})" if isinstance(notes.get(f), str) else ""  # noqa: E731 (no drafter: no tree)
     body += ["<h2>Ceiling</h2>",
              f"<p>product <b>{_x(ceil.get('product'))}</b> · largest <b>{_e(ceil.get('largest'))}</b></p>",
-             _table(["factor", "value"], [[f, _x(factors.get(f))] for f in names],
+             _table(["factor", "value"], [[f, _x(factors.get(f)) + noted(f)] for f in names],
                     hi={i for i, f in enumerate(names) if f == ceil.get("largest")}),
              _table(["class", "seconds", "floor s", "time / floor"],
                     [[p.get("class"), _n(p.get("seconds"), ".3e"), _n(p.get("floor_s"), ".3e"),
@@ -464,9 +468,12 @@ def _memory_rows(rounds: list[dict], paths: _Paths) -> list[list]:
 
 
 def _final_lines(final: dict) -> list[tuple[str, str]]:
-    return [(f"speedup over {w} (measured)", f"{_x(_d(final.get(k)).get('gain'))} "
-                                  f"(95 % lower bound {_x(_d(final.get(k)).get('lower_bound'))})")
-            for w, k in (("stock", "speedup_over_stock"), ("AR", "speedup_over_ar"))]
+    def line(k):
+        x = _d(final.get(k))
+        note = f"; {x['note']}" if isinstance(x.get("note"), str) else ""  # e.g. stock is AR: one comparison
+        return f"{_x(x.get('gain'))} (95 % lower bound {_x(x.get('lower_bound'))}{note})"
+    return [(f"speedup over {w} (measured)", line(k)) for w, k in (("stock", "speedup_over_stock"),
+                                                                   ("AR", "speedup_over_ar"))]
 
 
 def render_index_html(summary: dict, folder=None) -> str:
@@ -529,6 +536,20 @@ def render_terminal(summary: dict) -> str:
         lines.append("final: — (run in progress)")
     if s.get("report"):
         lines.append(f"report: {_plain(s['report'], 200)}")
+    return "\n".join(lines) + "\n"
+
+
+def render_dispatch(table: dict) -> str:
+    """A dispatch table (system per batch-size range) as fixed-width text."""
+    head = f"{'batch sizes':<14}{'measured at':>11}  {'×stock':>7}  system"
+    lines = ["dispatch table:", head, "-" * len(head)]
+    for x in _dicts(_d(table).get("entries")):
+        top = x.get("max_batch")
+        span = f"{x.get('min_batch')}–{top if top is not None else '∞'}"
+        lines.append(f"{span:<14}{_plain(x.get('measured_at')):>11}  "
+                     f"{_x(_d(x.get('speedup_over_stock')).get('gain')):>7}  {_plain(x.get('label'), 40)}")
+    if _d(table).get("note"):
+        lines.append(_plain(table["note"], 300))
     return "\n".join(lines) + "\n"
 
 

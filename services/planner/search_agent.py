@@ -4,9 +4,15 @@ Every variant of every ported entry is a candidate system: the incumbent's confi
 variant's options on top (a drafter named by kind, `kind:block_markov`, is mapped through the
 deployment's `drafters`). A variant attacks the factor its options act on — the engine's
 configuration options (mode, tree policy, draft length, drafter) all move τ, so they attack the
-tree factor; no configuration option of the engine attacks the kernels or the time off the
-profile (that takes code: the command agent). The agent takes the round's direction first; when
-no variant attacks it, the next-largest factor that has some.
+tree factor; the weight formats (`weights`, `lm_head`: W12, the certified head) and the driver
+shrink the step's time at its bytes, so they attack the kernels factor — the weight read, which is
+most of a step at one request; no option attacks the time off the profile (that takes code: the
+command agent). The agent takes the round's direction first; when no variant attacks it, the
+next-largest factor that has some.
+
+A deployment without a drafter decodes AR: its incumbent has no drafter and no draft length. A
+speculation variant is then a system only where it brings its drafter (`kind:X`, mapped through
+`drafters`): a chain or tree variant that leaves the system without one is skipped with the reason.
 
 Pruning: where the variant keeps the incumbent's drafter and draft length, exact replay on the
 incumbent's recording gives the variant's τ without running it, and the cost model's measured
@@ -25,6 +31,7 @@ import json
 from .agents import Candidate, Context
 
 TREE_OPTIONS = frozenset({"mode", "tree", "draft_len", "drafter"})
+KERNEL_OPTIONS = frozenset({"weights", "lm_head", "driver"})
 FACTOR_OF_DIRECTION = {"tree": "tree", "off-profile": "off_profile"}  # "kernel:<class>" -> "kernels"
 
 
@@ -80,15 +87,20 @@ class SearchAgent:
                                                                 f"(deployment.drafters has {sorted(drafters)})"})
                         continue
                     opts["drafter"] = drafters[kind]
+                system = {**ctx.incumbent, **opts}
+                if system.get("mode", "chain") != "ar" and not system.get("drafter"):
+                    skipped.append({"name": name, "reason": f"mode {system.get('mode', 'chain')} needs a drafter; "
+                                                            "the deployment has none (it decodes AR) and the "
+                                                            "variant names none"})
+                    continue
                 if opts.get("tree", "").startswith("sequoia") and opts.get("mode") == "tree" \
                         and "profile" not in opts and not ctx.incumbent.get("profile"):
                     skipped.append({"name": name, "reason": "sequoia needs an acceptance profile file"})
                     continue
-                system = {**ctx.incumbent, **opts}
                 if system == ctx.incumbent:
                     skipped.append({"name": name, "reason": "the incumbent already runs it"})
                     continue
-                factor = "tree" if set(opts) <= TREE_OPTIONS else "unknown"
+                factor = "tree" if set(opts) <= TREE_OPTIONS else "kernels" if set(opts) <= KERNEL_OPTIONS else "unknown"
                 out.append((factor, Candidate(name=name, agent=self.name, options=opts, entry=key, variant=variant,
                                               rationale=entry.get("title", ""))))
         return out, skipped
@@ -124,8 +136,8 @@ class SearchAgent:
         order = [first] + sorted((f for f in factors if f != first), key=lambda f: -factors[f])
         tau_now, speed_now = ctx.costmodel["tau_current"], ctx.costmodel["speedup_current"]
         pruned, kept = [], []
-        for factor, c in cands:
-            pred = self._predict(c, ctx)
+        for factor, c in cands:  # a kernel variant keeps τ and changes c: replay cannot predict it, timing will
+            pred = self._predict(c, ctx) if factor == "tree" else None
             c = Candidate(**{**c.to_dict(), "predicted": pred})
             if pred is not None and pred["tau"] <= tau_now + 1e-9:
                 pruned.append((factor, c, f"exact replay: τ {pred['tau']:.2f} is no higher than the incumbent's "

@@ -2,11 +2,14 @@
 CUDA graphs emitting what it emits without them and what AR emits, for every family, drafter kind
 and tree policy; one device→host read per step."""
 
+import gc
 import warnings
+import weakref
 
 import pytest
 import torch
 
+from specpilot.engine import fast
 from specpilot.engine.decode import generate
 from specpilot.engine.drafters import DraftLM, FeatureDrafter, NgramDrafter
 from specpilot.engine.fast import FastDecoder
@@ -54,6 +57,52 @@ def test_graphs_equal_ar_float64(family, kind, monkeypatch):
         assert generate(tgt, prompt, 48).tokens == ar
         for policy in (None, make_policy("best-first:24"), make_policy("topk:4:16")):
             assert generate(tgt, prompt, 48, d, draft_len=8, policy=policy).tokens == ar
+
+
+def test_cuda_takes_the_static_driver(monkeypatch):
+    """driver auto on CUDA: the static driver (the result says so); eager forced: the same tokens."""
+    monkeypatch.setenv("SPECPILOT_COMPILE", "0")
+    tgt = random_model(tiny_config("llama", vocab=97), seed=2, dtype=torch.float64, device="cuda")
+    d = drafter("block_markov", tgt)
+    auto = generate(tgt, PROMPTS[0], 32, d, 8, policy=make_policy("best-first:24"))
+    eager = generate(tgt, PROMPTS[0], 32, d, 8, policy=make_policy("best-first:24"), driver="eager")
+    assert (auto.driver, eager.driver) == ("static", "eager")
+    assert auto.tokens == eager.tokens == cpu_ar("llama", 2, 97, PROMPTS[0], 32)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("compile", [False, True])
+def test_a_target_on_the_second_gpu_runs_there(compile):
+    """A target on cuda:1 while cuda:0 is current: the decoder allocates, captures and
+    synchronizes on cuda:1 (nothing lands on cuda:0) and emits AR's tokens."""
+    torch.cuda.set_device(0)
+    tgt = random_model(tiny_config("hybrid", vocab=97), seed=2, dtype=torch.float64, device="cuda:1")
+    d = FeatureDrafter(random_drafter_net("block_markov", tgt.cfg, seed=4, dtype=tgt.dtype, block=8).to("cuda:1"),
+                       tgt)
+    torch.cuda.synchronize(0)
+    before = torch.cuda.memory_allocated(0)
+    for policy in (None, make_policy("best-first:24")):
+        dec = FastDecoder(tgt, d, 8, policy, max_len=256, graphs=True, compile=compile)
+        for prompt in PROMPTS:
+            assert dec.generate(prompt, 48, eos=set()).tokens == cpu_ar("hybrid", 2, 97, prompt, 48, eos=set())
+    assert torch.cuda.current_device() == 0
+    assert torch.cuda.memory_allocated(0) == before
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_cuda_decoders_die_with_their_target(compile, monkeypatch):
+    """The decoders `generate` keeps for a target (buffers, CUDA graph and its pool) are freed
+    with the target."""
+    monkeypatch.setenv("SPECPILOT_COMPILE", "1" if compile else "0")
+    tgt = random_model(tiny_config("llama", vocab=97), seed=2, device="cuda")
+    d = drafter("block_markov", tgt)
+    dec = fast.decoder(tgt, d, 8, make_policy("best-first:16"), None, 128)
+    assert dec.graph is not None and dec.compile == compile
+    dec.generate(PROMPTS[0], 16)
+    gone = weakref.ref(dec)
+    del dec, tgt, d
+    gc.collect()
+    assert gone() is None
 
 
 @pytest.mark.parametrize("family", ["llama", "hybrid"])  # compiling is slow: one dense, one hybrid family

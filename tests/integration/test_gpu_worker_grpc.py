@@ -124,6 +124,24 @@ def test_refusals_and_deadlines_are_one_line_errors(worker):
         gone.generate(REQS)
 
 
+def test_batched_generation_over_grpc_equals_batch_1_and_counts_accepted_tokens_per_position(worker):
+    remote = GrpcWorkers([worker["address"]])
+    sys_ = remote.start(system({**STOCK, "drafter": "ngram", "draft_len": 4}), worker["address"], 120)
+    try:
+        one, ids = sys_.generate(REQS)
+        two, ids2 = sys_.generate(REQS, batch=2)
+    finally:
+        sys_.close()
+    assert two == one and ids2 == ids
+    text = urllib.request.urlopen(worker["metrics"], timeout=10).read().decode()
+    counts = {ln.split("{")[1].split("}")[0]: float(ln.split()[-1]) for ln in text.splitlines()
+              if ln.startswith("specpilot_accepted_tokens_per_position_total{")}
+    steps = [float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith("specpilot_verify_steps_total ")]
+    k = len(counts)  # positions 1..k, each accepted no more often than the one before it
+    assert 1 <= k <= 4 and set(counts) == {f'position="{i}"' for i in range(1, k + 1)} and steps and steps[0] > 0
+    assert sorted(counts.values(), reverse=True) == [counts[f'position="{i}"'] for i in range(1, k + 1)]
+
+
 def test_metrics_are_served(worker):
     text = urllib.request.urlopen(worker["metrics"], timeout=10).read().decode()
     assert 'specpilot_gpu_worker_calls_total{code="OK",method="Build"}' in text

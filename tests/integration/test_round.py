@@ -1,6 +1,7 @@
 """Rounds end to end on the shipped micro pair (a smaller demo): profile → cost model → agents →
 controller verdicts → memory → report; a killed run resumes; a command agent's patch is evaluated."""
 
+import importlib.util
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ from specpilot.round_cli import EMBEDDED_RUN, demo_json
 from specpilot.services.controller.records import RecordState, Records
 from specpilot.services.controller import round as round_module
 from specpilot.services.controller.round import DeploymentError, Round, load_deployment
+from specpilot.services.memory_api.seed import seed_entries
 from specpilot.services.memory_api.store import Store
 from specpilot.services.planner.agents import Candidate
 from specpilot.services.planner.command_agent import CommandAgent
@@ -200,7 +202,11 @@ def test_an_accepted_candidate_is_sealed_stored_and_becomes_the_incumbent(tmp_pa
     ({**SMALL, "target": "/nope"}, "not a checkpoint folder"),
     ({**SMALL, "repeats": 1}, "repeats must be at least 2"),
     ({**SMALL, "colour": "red"}, "unknown field 'colour'"),
-    ({**SMALL, "batch": 4}, "batch must be 1"),
+    ({**SMALL, "batch": 4}, "batch 4 needs at least as many prompts"),
+    ({**SMALL, "batch": [1, 1]}, "a list of distinct ones"),
+    ({**SMALL, "batch": 0}, "expected a positive integer"),
+    ({**SMALL, "batch": []}, "expected a positive integer"),
+    ({**SMALL, "batch": "8"}, "expected a positive integer"),
     ({**SMALL, "devices": "cpu,cpu,cpu"}, "one or two devices"),
 ])
 def test_a_bad_deployment_names_what_is_wrong(bad, message):
@@ -224,3 +230,117 @@ def test_an_accepted_candidate_whose_code_does_not_reproduce_is_not_stored_nor_t
         assert [e["id"] for e in r.memory.entries() if e["id"].startswith("patch-")] == []
     finally:
         r.memory.close()
+
+
+# plain AR decoding of the micro dense target on an H200 deployment: the memory ports the weight
+# formats (their limits name the Hopper kinds); the two CPU cores run their torch references
+AR_SMALL = {"name": "micro-ar", "target": str(TARGET), "gpu": "h200", "devices": "cpu,cpu", "prompts": 1,
+            "max_new_tokens": 16, "repeats": 2, "max_candidates": 4}
+CERTIFIED_HEAD = importlib.util.find_spec("specpilot.kernels.certified_head") is not None
+
+
+def test_a_round_on_a_deployment_without_a_drafter_profiles_ar_judges_the_weight_formats_and_reports(tmp_path):
+    # the certified head's kernel may not be in this checkout: then the memory holds every entry but it
+    kept = [e for e in seed_entries() if CERTIFIED_HEAD or e.id != "lm-head-certified"]
+    with Store(f"sqlite:///{tmp_path / 'memory.db'}") as store:
+        for e in kept:
+            store.add(e)
+    dep = load_deployment(AR_SMALL)
+    summary = embedded_round(dep, tmp_path).run(1)
+    rec = summary["rounds"][0]
+    assert rec["status"] == "done"
+    stock = rec["incumbent"]["config"]
+    assert stock["mode"] == "ar" and "drafter" not in stock
+    m, cm = rec["measurement"], rec["costmodel"]
+    assert m["current"] == "ar" and m["replay"] == {} and [b["policy"] for b in m["budgets"]] == ["ar"]
+    assert cm["speedup_current"] == 1.0 and cm["ceiling"]["factors"]["tree"] == 1.0
+    assert cm["ceiling"]["largest"] != "tree" and rec["direction"] != "tree" and cm["ceiling"]["notes"]["tree"]
+    formats = {f"{e.id}/{v}" for e in kept if e.limits for v in e.variants}
+    assert {c["name"] for c in rec["candidates"]} == formats  # every weight format, nothing that needs a drafter
+    skipped = {s["name"]: s["reason"] for s in rec["agents"]["search"]["skipped"]}
+    assert "needs a drafter" in skipped["tree-best-first/n32"]
+    assert "block_markov" in skipped["drafter-block-markov/chain-d8"]
+    for c in rec["candidates"]:  # each judged: token forcing against AR stock, then the paired runs
+        assert c["error"] is None and c["verdict"], (c["name"], c["error"])
+        v = json.loads(Path(c["verdict"]["path"]).read_text())
+        assert v["forcing"]["passed"] and not v["outputs_differ"]
+        assert v["candidate"]["config"] == {**stock, **c["options"]} and v["incumbent"]["config"] == stock
+    final = summary["final"]  # over stock and over AR are one comparison here
+    assert final["speedup_over_ar"]["note"] == round_module.AR_STOCK_NOTE
+    assert {k: final["speedup_over_ar"][k] for k in ("gain", "lower_bound")} == final["speedup_over_stock"]
+    out = demo_json(summary)
+    assert out["speedup_over_ar"] == out["speedup_over_stock"] > 0
+    page = (tmp_path / "report" / "round-1.html").read_text()
+    assert cm["ceiling"]["notes"]["tree"] in page and "none (AR)" in page
+
+
+@pytest.mark.parametrize("drafter, compared", [(None, ["ar"]), (str(SHIPPED / "dense-block-markov"), ["chain", "ar"])])
+def test_the_final_system_is_timed_once_when_stock_is_ar(tmp_path, monkeypatch, drafter, compared):
+    """An accepted incumbent is timed against stock, and against AR only when stock is not AR
+    (the paired runs replaced by a stand-in that records the mode of what it was compared with)."""
+    timed = []
+
+    def fake_run_pair(cand, other, *args, **kwargs):
+        timed.append(other["config"]["mode"])
+        return {"samples": [round_module.stats.PairedSample("w", 1, s, 120.0 + r, 100.0, r)
+                            for r in range(2) for s in (0, 1)]}
+
+    monkeypatch.setattr(round_module, "run_pair", fake_run_pair)
+    dep = load_deployment({**AR_SMALL, "drafter": drafter})
+    r = embedded_round(dep, tmp_path)
+    try:
+        stock = r.incumbent()
+        better = {**stock, "label": "faster", "config": {**stock["config"], "weights": "w12"}}
+        r.state["rounds"] = [{"round": 1, "status": "done", "next_incumbent": better}]
+        final = r.final()
+    finally:
+        r.memory.close()
+    assert timed == compared
+    assert final["label"] == "faster" and final["speedup_over_stock"]["gain"] > 1
+    if drafter is None:
+        assert final["speedup_over_ar"] == {**final["speedup_over_stock"], "note": round_module.AR_STOCK_NOTE}
+    else:
+        assert "note" not in final["speedup_over_ar"] and final["speedup_over_ar"]["gain"] > 1
+
+
+def test_batch_lists_load_for_drafters_the_batched_engine_runs_and_a_round_is_one_size():
+    with pytest.raises(DeploymentError, match=r"batch \[1, 16\] with drafter .*dense-block-markov: batched decoding"):
+        load_deployment({**SMALL, "prompts": 16, "batch": [16, 1]})
+    assert load_deployment({**SMALL, "prompts": 16, "batch": [16, 1], "drafter": "ngram"})["batch"] == [1, 16]
+    assert load_deployment({**AR_SMALL, "prompts": 4, "batch": 4})["batch"] == 4
+    assert load_deployment({**SMALL, "batch": [1]})["batch"] == 1
+    assert round_module.batch_sizes({"batch": [1, 16]}) == [1, 16] and round_module.batch_sizes({"batch": 2}) == [2]
+    with pytest.raises(ValueError, match="one batch size"):
+        round_module.Round({**SMALL, "batch": [1, 16]}, Path("unused"), None, None)
+
+
+def test_a_deployment_at_two_batch_sizes_runs_a_round_per_size_and_gives_a_dispatch_table(tmp_path):
+    """Real batched decoding in the workers: each batch size's round times its candidates on
+    batches of that size (token forcing per request against AR), and the table covers every size."""
+    with Store(f"sqlite:///{tmp_path / 'memory.db'}") as store:
+        for e in seed_entries():
+            if e.id in ("tree-best-first", "weights-w12", "driver-static"):
+                store.add(e)
+    dep = load_deployment({**AR_SMALL, "name": "micro-ngram", "drafter": "ngram", "prompts": 2, "batch": [2, 1],
+                           "max_candidates": 2})
+    ports = bootstrap.embedded(f"sqlite:///{tmp_path / 'memory.db'}", None, None)
+    records = Records(f"sqlite:///{tmp_path / 'rounds.db'}")
+    records.create(dep, 1, ["search"], str(tmp_path), EMBEDDED_RUN)
+    try:
+        out = round_module.run_deployment(dep, tmp_path, ports, RecordState(records, EMBEDDED_RUN), 1, log=None,
+                                          progress=False)
+    finally:
+        records.close()
+    assert [lane["batch"] for lane in out["lanes"]] == [1, 2]
+    for lane in out["lanes"]:
+        rec = lane["rounds"][0]
+        assert rec["status"] == "done" and rec["candidates"]
+        judged = [c for c in rec["candidates"] if not c.get("pruned")]
+        assert judged, rec["candidates"]
+        for c in judged:
+            assert c["error"] is None and c["verdict"], (lane["batch"], c["name"], c["error"])
+            v = json.loads(Path(c["verdict"]["path"]).read_text())
+            assert v["batch"] == lane["batch"] and v["forcing"]["passed"]
+    table = out["dispatch"]
+    assert round_module.dispatch_for(table, 1)["measured_at"] == 1
+    assert round_module.dispatch_for(table, 64)["measured_at"] == 2

@@ -7,8 +7,9 @@ unmutated copy is run first and must pass (else nothing the mutations show means
 
 The engine's mutations only bite on accepted paths of three or more nodes, on both decoding
 drivers (the eager one: engine/cache.py Cache, engine/gdn.py replay_path; the static one:
-StaticCache.commit, gdn.tree_state / tree_gated_delta_rule, treeops.accept); the statistics'
-change the lower bound by a few percent (services/controller/stats.py).
+StaticCache.commit, gdn.tree_state / tree_gated_delta_rule, treeops.accept, and the row a device
+feature drafter keeps after acceptance, fast._FeatureDraft.observe); the statistics' change the
+lower bound by a few percent (services/controller/stats.py).
 
     python tests/mutations/run.py                  # every mutation, Hypothesis seeds 0..7
     python tests/mutations/run.py --seeds 0-2 --only eager-chain-state static-compaction
@@ -34,6 +35,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 DEEP = ["tests/unit/test_lossless_deep.py"]
 STATS = ["tests/unit/test_paired_stats.py"]
+DRAFTERS = ["tests/unit/test_fast_deep_drafters.py"]
+BATCH = ["tests/unit/test_batch_decode.py"]
 IGNORE = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".hypothesis", ".pytest_cache", "*.egg-info",
                                 "build", "dist")
 
@@ -99,30 +102,30 @@ MUTATIONS = [
         "static-chain-state",
         "(a) static: a chain commit of τ ≥ 3 rows keeps the recurrent state after row τ−2, not τ−1",
         "engine/cache.py",
-        "deepest = path.gather(0, (tau - 1).view(1))[0]",
-        "deepest = path.gather(0, (tau - 1 - ((tau >= 3) & (not compact)).long()).view(1))[0]",
+        "deepest = path.gather(1, (tau - 1).clamp_min(0)[:, None])[:, 0]",
+        "deepest = path.gather(1, (tau - 1 - ((tau >= 3) & (not compact)).long()).clamp_min(0)[:, None])[:, 0]",
         tuple(DEEP)),
     Mutation(
         "static-tree-state",
         "(b) static: a tree commit takes the recurrent state of the path's second node, not its deepest",
         "engine/cache.py",
-        "deepest = path.gather(0, (tau - 1).view(1))[0]",
-        "deepest = path.gather(0, ((tau - 1).clamp(max=1) if compact else tau - 1).view(1))[0]",
+        "deepest = path.gather(1, (tau - 1).clamp_min(0)[:, None])[:, 0]",
+        "deepest = path.gather(1, ((tau - 1).clamp(max=1) if compact else tau - 1).clamp_min(0)[:, None])[:, 0]",
         tuple(DEEP)),
     Mutation(
         "static-tree-rule",
         "(b) static: the tree delta rule lets each row see its parent, not every ancestor",
         "engine/gdn.py",
-        "    decay = torch.where(anc, Gh[:, :, None] - Gh[:, None, :], float(\"-inf\")).exp()  # [H, n, n]",
-        "    near = anc & (anc.sum(1)[:, None] - anc.sum(1)[None, :] <= 1)\n"
-        "    decay = torch.where(near, Gh[:, :, None] - Gh[:, None, :], float(\"-inf\")).exp()  # [H, n, n]",
+        "    decay = torch.where(anc[..., None, :, :], Gh[..., :, :, None] - Gh[..., :, None, :], float(\"-inf\")).exp()",
+        "    near = anc & (anc.sum(-1)[..., :, None] - anc.sum(-1)[..., None, :] <= 1)\n"
+        "    decay = torch.where(near[..., None, :, :], Gh[..., :, :, None] - Gh[..., :, None, :], float(\"-inf\")).exp()",
         tuple(DEEP)),
     Mutation(
         "static-compaction",
         "(c) static: only the first two accepted tree rows' K/V are moved to consecutive slots",
         "engine/cache.py",
-        "src, dst = L + path, L + torch.arange(D, device=path.device)",
-        "src, dst = L + path[:2], L + torch.arange(min(D, 2), device=path.device)",
+        "src, dst = L[:, None] + path, L[:, None] + torch.arange(D, device=path.device)",
+        "src, dst = L[:, None] + path[:, :2], L[:, None] + torch.arange(min(D, 2), device=path.device)",
         tuple(DEEP)),
     Mutation(
         "static-accept",
@@ -131,6 +134,20 @@ MUTATIONS = [
         "path.scatter_(0, torch.where(acc, tree.depth.clamp(max=path_len - 1), path_len), idx)",
         "path.scatter_(0, torch.where(acc & (tree.depth < 2), tree.depth.clamp(max=path_len - 1), path_len), idx)",
         tuple(DEEP)),
+    Mutation(
+        "static-drafter-row",
+        "(d) static: a feature drafter keeps the accepted path's third row (not its last) when τ ≥ 4",
+        "engine/fast.py",
+        "self._keep(h.index_select(0, tau.view(1) - 1))",
+        "self._keep(h.index_select(0, (tau.view(1) - 1).clamp(max=2)))",
+        tuple(DRAFTERS), engine=False),
+    Mutation(
+        "batch-neighbour-tau",
+        "(e) batched: each lane commits its neighbour lane's accepted length",
+        "engine/fast.py",
+        "tau = torch.stack([t for _, t in acc]) * self.active  # an idle lane commits nothing",
+        "tau = torch.stack([t for _, t in acc]).roll(1) * self.active  # an idle lane commits nothing",
+        tuple(BATCH), engine=False),
     Mutation(
         "stats-population-sd",
         "statistics: the population standard deviation (ddof 0) instead of the sample one",

@@ -47,6 +47,18 @@ def test_generate_json_contract(ckpt, capsys, drafter):
     assert ar["steps"] == sum(len(o["tokens"]) - 1 for o in ar["outputs"])
 
 
+def test_generate_batch_gives_each_request_its_batch_1_tokens(ckpt, capsys):
+    common = ["generate", "--target", str(ckpt / "target"), "--workload", str(ckpt / "w.jsonl"),
+              "--dtype", "float64", "--mode", "chain", "--drafter", "ngram", "--draft-len", "4"]
+    one, two = run_json(capsys, *common), run_json(capsys, *common, "--batch", "2")
+    assert [o["tokens"] for o in two["outputs"]] == [o["tokens"] for o in one["outputs"]]
+    assert two["batch"] == 2 and all("accepted_per_position" in o for o in two["outputs"])
+    for extra, message in ((["--drafter", str(ckpt / "drafter")], "device drafters decode one request at a time"),
+                           (["--record", str(ckpt / "r.json")], "--batch 1")):
+        assert main([*common, *extra, "--batch", "2", "--json"]) == 2
+        assert message in json.loads(capsys.readouterr().out)["error"]
+
+
 def test_text_prompt_without_tokenizer_says_what_to_do(ckpt, capsys):
     assert main(["generate", "--target", str(ckpt / "target"), "--mode", "ar", "--prompt", "def f("]) == 2
     err = capsys.readouterr().err

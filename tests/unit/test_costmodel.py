@@ -16,9 +16,11 @@ from specpilot.services.planner.costmodel import (
     Ceiling,
     DeviceSpec,
     KernelClass,
+    NO_TREE,
     KernelStat,
     Profile,
     aggregate,
+    analyze,
     best_budget,
     byte_floor,
     ceiling,
@@ -270,3 +272,68 @@ def test_cpu_kind_is_measured_once(monkeypatch):
     assert byte_floor(1e11, 0.0, "cpu") == pytest.approx(1.0 / 0.6)
     assert byte_floor(0.0, 1e10, "cpu") == pytest.approx(1.0 / 0.9)
     assert len(calls) == 1
+
+
+# --------------------------------------------------------------------------- a system without a drafter
+
+# a Llama-3.1-8B-like AR step on the H200: one row, the weights read once
+AR_WORK = {"target_linear": (14.0e9, 2 * 7.0e9), "lm_head": (1.05e9, 2 * 0.525e9), "attention": (0.1e9, 0.05e9),
+           "sampling_acceptance": (0.0, 0.0)}
+
+
+def ar_measurement(slowdown: dict[str, float], off_profile: float = 1.0, **extra) -> dict:
+    """The GPU worker's Profile of an AR system (its one "ar" row, no replay): every class at
+    `slowdown[c]` × its H200 floor (sampling_acceptance: 5 µs, no bytes), the step `off_profile` × that."""
+    kernels = {c: [slowdown.get(c, 1.0) * byte_floor(f, b, H200) if b else 5e-6, b, f] for c, (b, f) in AR_WORK.items()}
+    profiled = sum(k[0] for k in kernels.values())
+    step = off_profile * profiled
+    return {"current": "ar", "draft_len": 0, "t_ar_s": step, "replay": {},
+            "budgets": [{"policy": "ar", "rows": 1.0, "tau": 1.0, "t_step_s": step, "profiled_t_step_s": profiled,
+                         "kernels": {**kernels, "other": [step - profiled, 0.0, 0.0]}}], **extra}
+
+
+def test_an_ar_system_has_speedup_one_tree_factor_one_and_its_weight_read_as_direction():
+    m = ar_measurement({"target_linear": 3.0}, off_profile=1.2)
+    out = analyze(m, "h200")
+    assert out["speedup_current"] == 1.0 and out["tau_current"] == 1.0 == out["tau_oracle"]
+    assert [(b["policy"], b["c"], b["speedup"]) for b in out["budgets"]] == [("ar", 1.0, 1.0)]
+    f = out["ceiling"]["factors"]
+    kernels = m["budgets"][0]["kernels"]
+    profiled = sum(kernels[c][0] for c in AR_WORK)
+    floors = sum(byte_floor(fl, b, H200) for b, fl in AR_WORK.values())
+    assert f["tree"] == 1.0 and f["kernels"] == pytest.approx(profiled / floors)
+    assert f["off_profile"] == pytest.approx(1.2)
+    assert out["direction"] == "kernel:target_linear" and out["ceiling"]["largest"] == "kernels"
+    assert out["ceiling"]["notes"] == {"tree": NO_TREE}
+    tree_line = next(line for line in out["table"].splitlines() if line.strip().startswith("tree"))
+    assert NO_TREE in tree_line
+    assert NO_TREE in "".join(ET.fromstring(out["svg"]).itertext())
+
+
+def test_an_ar_systems_direction_is_never_the_tree_even_when_the_other_factors_are_below_one():
+    # the weights read at 95 % of the bandwidth (past the floor's 90 %), the unprofiled step faster than
+    # the profiled classes: both factors below 1
+    m = ar_measurement({c: 0.9 for c in AR_WORK}, off_profile=0.8)
+    out = analyze(m, "h200")
+    assert out["ceiling"]["factors"]["kernels"] < 1 and out["ceiling"]["factors"]["off_profile"] < 1
+    assert out["ceiling"]["largest"] == "kernels" and out["direction"].startswith("kernel:")
+    # the same figures from a speculative system (a drafter, τ 1) would point at the tree on the tie
+    spec = analyze({**m, "current": "chain", "budgets": [{**m["budgets"][0], "policy": "chain"}]}, "h200")
+    assert spec["direction"] == "tree" and spec["ceiling"]["notes"] == {}
+
+
+def test_an_ar_systems_off_profile_time_can_be_the_direction_and_a_stray_oracle_is_ignored():
+    out = analyze(ar_measurement({"target_linear": 1.1}, off_profile=4.0, replay={"oracle": 3.0}), "h200")
+    assert out["direction"] == "off-profile" and out["ceiling"]["factors"]["off_profile"] == pytest.approx(4.0)
+    assert out["ceiling"]["factors"]["tree"] == 1.0 and out["tau_oracle"] == 1.0
+
+
+def test_a_ceiling_without_a_drafter_keeps_the_tree_factor_at_one():
+    p = _profile({"attention": 1.2}, off_profile=1.1)
+    with_tree = ceiling(p, H200, tau_current=2.0, tau_oracle=4.0)
+    without = ceiling(p, H200, tau_current=2.0, tau_oracle=4.0, has_drafter=False)
+    assert with_tree.largest == "tree" and with_tree.factors["tree"] == pytest.approx(2.0)
+    assert without.factors["tree"] == 1.0 and without.largest != "tree" and without.notes == {"tree": NO_TREE}
+    assert {k: v for k, v in without.factors.items() if k != "tree"} == \
+        {k: v for k, v in with_tree.factors.items() if k != "tree"}
+    assert NO_TREE in render_table(without) and NO_TREE not in render_table(with_tree)

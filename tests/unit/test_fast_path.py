@@ -3,6 +3,9 @@ their eager counterparts (device trees vs trees.py, the tree form of the delta r
 recurrence, a static commit vs the eager cache's), and whole decoding against AR, step by step
 against the eager driver for every device drafter, and deep into accepted paths."""
 
+import copy
+import gc
+import weakref
 from functools import lru_cache
 
 import pytest
@@ -10,13 +13,13 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
-from specpilot.engine import treeops, trees
+from specpilot.engine import fast, treeops, trees
 from specpilot.engine.decode import generate
 from specpilot.engine.drafters import TOP_K, DraftLM, FeatureDrafter, Lattice, NgramDrafter
 from specpilot.engine.fast import FastDecoder
 from specpilot.engine.gdn import gated_delta_rule, root_paths, tree_gated_delta_rule, tree_state
 from specpilot.engine.replay import make_policy
-from specpilot.engine.synthetic import FAMILIES, perturbed, random_drafter_net, random_model, tiny_config
+from specpilot.engine.synthetic import FAMILIES, NoisyOracle, perturbed, random_drafter_net, random_model, tiny_config
 
 POLICIES = ("chain", "best-first:12", "best-first:40", "topk:3:10", "topk:4:40", "sequoia:12")
 PROFILE = torch.tensor([[0.6, 0.2, 0.1, 0.05]] * 15, dtype=torch.float64)
@@ -114,8 +117,8 @@ def test_static_commit_equals_eager_commit(family):
         torch.testing.assert_close(st_.k[i][:, :, : ref.length], ref.k[i][:, :, : ref.length])
         torch.testing.assert_close(st_.v[i][:, :, : ref.length], ref.v[i][:, :, : ref.length])
     for i in ref.h:
-        torch.testing.assert_close(st_.h[i], ref.h[i][0], rtol=1e-10, atol=1e-10)
-        torch.testing.assert_close(st_.conv[i], ref.conv[i][0].T)
+        torch.testing.assert_close(st_.h[i], ref.h[i], rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(st_.conv[i], ref.conv[i].transpose(1, 2))
 
 
 @lru_cache(maxsize=None)
@@ -184,6 +187,57 @@ def test_capacity_is_checked():
     dec = FastDecoder(target("llama"), max_len=64, graphs=False)
     with pytest.raises(ValueError, match="capacity"):
         dec.generate(list(range(40)), 30)
+
+
+@torch.no_grad()
+def test_capacity_is_exact_at_the_boundary():
+    """The largest request a decoder takes runs to its end and through the step the pipelined
+    driver launches past it, in the worst case (every step accepts the whole chain and the last
+    one starts one token short of the limit); one more token is refused, and would overflow."""
+    tgt, m, n_new = target("llama"), 6, 72  # τ = 7 every step: the last step starts at token 71
+    dec = FastDecoder(tgt, NoisyOracle([], 0, 0.0), m, max_len=128, graphs=False, compile=False)
+    assert dec.capacity == fast.capacity(dec.spec, 128) == 128 - 2 * (m + 1) + 2
+
+    def worst_case(prompt):
+        dec.host = NoisyOracle(generate(tgt, prompt, n_new + 2 * m, eos=set()).tokens, len(prompt), 0.0)
+        res = dec.generate(prompt, n_new, eos=set())
+        assert [s.tau for s in res.steps] == [m + 1] * ((n_new - 2) // (m + 1) + 1)
+        dec.fn()  # the step launched past the end
+
+    fits = [1 + i % 90 for i in range(dec.capacity - n_new)]
+    worst_case(fits)
+    with pytest.raises(ValueError, match="capacity"):
+        dec.generate(fits + [5], n_new)
+    dec.capacity += 1  # were one more token allowed, the worst case would write past the cache
+    with pytest.raises((IndexError, RuntimeError)):
+        worst_case(fits + [5])
+
+
+def test_decoder_size_follows_its_spec():
+    """`decoder` builds the smallest size (1024 doubled) whose capacity holds the request, by the
+    same formula the decoder checks: a 63-token n-gram chain takes a 900-token request (which a
+    decoder sized for a 15-deep path refused, every call)."""
+    tgt, ngram = target("llama"), NgramDrafter()
+    cap = fast.capacity(fast.plan(ngram, 63, None)[1], 1024)
+    assert fast.decoder(tgt, ngram, 63, None, None, cap).cache.max_len == 1024
+    assert fast.decoder(tgt, ngram, 63, None, None, cap + 1).cache.max_len == 2048
+    res = generate(tgt, [1 + i % 90 for i in range(880)], 20, ngram, 63, eos=set(), driver="static")
+    assert res.driver == "static" and len(res.tokens) == 20
+
+
+def test_decoders_die_with_their_target():
+    """A target's decoders (caches, buffers, on CUDA graph pools) are freed with it, and a copy of
+    the target builds its own."""
+    tgt = random_model(tiny_config("llama", vocab=97), seed=1, dtype=torch.float64)
+    dec = fast.decoder(tgt, None, 8, None, None, 64)
+    assert fast.decoder(tgt, None, 8, None, None, 64) is dec  # kept while the target lives
+    twin = copy.deepcopy(tgt)
+    assert fast.decoder(twin, None, 8, None, None, 64) is not dec
+    assert dec.generate(PROMPT, 8).tokens == fast.decoder(twin, None, 8, None, None, 64).generate(PROMPT, 8).tokens
+    gone = weakref.ref(dec)
+    del dec, tgt
+    gc.collect()
+    assert gone() is None
 
 
 def test_a_host_lattice_with_undeclared_transitions_is_refused():

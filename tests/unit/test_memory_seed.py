@@ -44,14 +44,18 @@ def test_entry_resolves_alone(entry: Entry):
 def test_whole_seed_resolves_and_ports():
     order = resolve([Requirement(e.id) for e in SEED], seed_catalog())
     assert sorted(e.key for e in order) == sorted(e.key for e in SEED)
-    plan = port({"family": "dense", "device": "cpu", "batch": 1}, seed_catalog())
+    plan = port({"family": "dense", "device": "h200", "batch": 1}, seed_catalog())
     assert not plan.skipped and len(plan.order) == len(SEED)
+    on_cpu = port({"family": "dense", "device": "cpu", "batch": 1}, seed_catalog())  # the GPU mechanisms stay out
+    assert sorted(s.id for s in on_cpu.skipped) == sorted(e.id for e in SEED if e.limits.get("devices"))
+    assert {s.id for s in on_cpu.skipped} == {"driver-static", "lm-head-certified", "weights-w12"}
 
 
 def test_no_invented_requirements():
-    # documented choice (seed.py docstring): the built-in mechanisms are independent switches
-    assert all(e.requires == () for e in SEED)
-    assert next(e for e in SEED if e.id == "tree-best-first").requires == ()
+    # documented choice (seed.py docstring): the speculation mechanisms are independent switches;
+    # W12 alone requires something, the static driver its GEMM is written for
+    assert {e.id: [r.id for r in e.requires] for e in SEED if e.requires} == {"weights-w12": ["driver-static"]}
+    assert all(v.get("driver") == "static" for v in next(e for e in SEED if e.id == "weights-w12").variants.values())
 
 
 @pytest.mark.parametrize("entry", SEED, ids=lambda e: e.key)
@@ -60,10 +64,10 @@ def test_variants_are_engine_config_options(entry: Entry):
         unknown = set(opts) - FIELDS
         assert not unknown, f"{entry.key} variant {name}: not EngineConfig fields: {unknown}"
         assert "target" not in opts  # a variant never fixes the deployment's model
-        assert opts.get("mode") in MODES and opts["mode"] != "ar"
+        assert opts.get("mode", "chain") in MODES and opts.get("mode") != "ar"  # a weight format keeps the mode
         if "draft_len" in opts:
             assert isinstance(opts["draft_len"], int) and opts["draft_len"] >= 1
-        if opts["mode"] == "tree":
+        if opts.get("mode") == "tree":
             pname, _ = parse_policy(opts["tree"])
             assert pname in ("best-first", "topk", "sequoia")
             if pname != "sequoia":

@@ -296,3 +296,22 @@ def test_ticks_are_round_and_cover_the_range():
     t = _ticks(0.97, 1.06)
     assert t[0] >= 0.97 and t[-1] <= 1.06 and 3 <= len(t) <= 6
     assert all(abs(round(v / 0.02) * 0.02 - v) < 1e-9 for v in t)
+
+
+def test_a_run_without_a_drafter_says_so_in_the_deployment_the_ceiling_and_the_final_figures():
+    from specpilot.services.planner.costmodel import NO_TREE
+
+    s = _summary()
+    s["deployment"] = {**DEPLOYMENT, "drafter": None}
+    note = "stock decodes AR: the same comparison as over stock, timed once"
+    s["final"]["speedup_over_ar"] = {**s["final"]["speedup_over_stock"], "note": note}
+    r = _round(1)
+    r["deployment"] = s["deployment"]
+    r["costmodel"]["ceiling"]["notes"] = {"tree": NO_TREE}
+    page, index, text = render_round_html(r), render_index_html(s), render_terminal(s)
+    tree_row = re.search(r"<tr[^>]*><td>tree</td><td>(.*?)</td>", page).group(1)
+    assert NO_TREE in tree_row and "×1.388" in tree_row
+    assert "none (AR)" in page and "none (AR)" in index
+    assert note in index and note in text
+    plain = render_round_html(_round(1))  # a deployment with a drafter: no such words
+    assert NO_TREE not in plain and "none (AR)" not in plain

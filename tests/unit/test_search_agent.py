@@ -22,10 +22,13 @@ def costmodel(replay, factors=None):
             "replay": replay, "ceiling": {"factors": factors or {"tree": 2.0, "kernels": 1.5, "off_profile": 1.1}}}
 
 
-def ctx(replay, direction="tree", factors=None, deployment=None, incumbent=INCUMBENT, tried=()):
+def ctx(replay, direction="tree", factors=None, deployment=None, incumbent=INCUMBENT, tried=(), memory=None):
     return Context(round=1, deployment=deployment or {"drafters": {}}, incumbent=incumbent, incumbent_patch="",
                    costmodel=costmodel(replay, factors), direction=direction,
-                   memory=[e.to_dict() for e in seed_entries()], tried=tried)
+                   memory=[e.to_dict() for e in memory or seed_entries()], tried=tried)
+
+
+SPECULATION = [e for e in seed_entries() if not e.limits]  # the entries a CPU deployment ports
 
 
 REPLAY = {"best-first:16": 2.2, "best-first:32": 2.9, "best-first:63": 2.95, "topk:4:16": 1.6, "topk:8:32": 2.5,
@@ -56,7 +59,7 @@ def test_the_cost_model_prunes_a_variant_whose_rows_cost_more_than_its_tau_gains
 def test_a_direction_no_variant_attacks_falls_to_the_next_factor_and_says_so():
     agent = SearchAgent()
     got = agent.propose(ctx(REPLAY, direction="kernel:target_linear",
-                            factors={"tree": 2.0, "kernels": 9.0, "off_profile": 1.2}))
+                            factors={"tree": 2.0, "kernels": 9.0, "off_profile": 1.2}, memory=SPECULATION))
     assert got and all(c.options.get("mode") in ("tree", "chain") for c in got)
     assert agent.last_log["factor_order"] == ["kernels", "tree", "off_profile"]
     assert "kernels" in agent.last_log["notes"][0] and "tree" in agent.last_log["notes"][1]
@@ -110,3 +113,59 @@ def test_a_variant_equal_to_one_tried_before_is_not_proposed_again_under_another
     reasons = {s["name"]: s["reason"] for s in agent.last_log["skipped"]}
     assert reasons["tree-best-first/n32"] == "evaluated in an earlier round"
     assert reasons["drafter-block-markov/best-first-n32"] == "the same system as tree-best-first/n32"
+
+
+def test_the_weight_read_direction_proposes_the_weight_formats_unpruned():
+    agent = SearchAgent(max_candidates=5)
+    got = agent.propose(ctx(REPLAY, direction="kernel:target_linear",
+                            factors={"tree": 1.3, "kernels": 1.6, "off_profile": 1.1}))
+    assert {c.name for c in got} == {"weights-w12/layers", "weights-w12/layers-and-head", "lm-head-certified/int8",
+                                     "driver-static/static"}
+    assert all(c.predicted is None for c in got)  # τ stays, c changes: replay cannot tell, timing will
+    assert not agent.last_log["pruned"] or all(not p["name"].startswith(("weights", "lm-head"))
+                                               for p in agent.last_log["pruned"])
+    tree_first = agent.propose(ctx(REPLAY, factors={"tree": 2.0, "kernels": 1.6, "off_profile": 1.1}))
+    assert tree_first and not any({"weights", "lm_head"} & set(c.options) for c in tree_first)
+
+
+# --------------------------------------------------------------------------- a deployment without a drafter
+
+AR_INCUMBENT = {"target": "T", "mode": "ar", "max_new_tokens": 48, "device": "cpu"}  # stock_config without a drafter
+
+
+def ar_ctx(direction="kernel:target_linear", factors=None, deployment=None, memory=None):
+    """An AR incumbent's round: the cost model of its one "ar" row (c 1, τ 1), no replay."""
+    cm = {"budgets": [{"policy": "ar", "rows": 1.0, "tau": 1.0, "t_step_s": 0.01, "c": 1.0, "speedup": 1.0}],
+          "tau_current": 1.0, "speedup_current": 1.0, "replay": {},
+          "ceiling": {"factors": factors or {"tree": 1.0, "kernels": 9.0, "off_profile": 1.2}}}
+    return Context(round=1, deployment=deployment or {"drafters": {}}, incumbent=AR_INCUMBENT, incumbent_patch="",
+                   costmodel=cm, direction=direction, memory=[e.to_dict() for e in memory or seed_entries()], tried=())
+
+
+def test_an_ar_incumbent_gets_the_weight_formats_and_speculation_without_a_drafter_is_skipped():
+    agent = SearchAgent(max_candidates=5)
+    got = agent.propose(ar_ctx())
+    assert {c.name for c in got} == {"weights-w12/layers", "weights-w12/layers-and-head", "lm-head-certified/int8",
+                                     "driver-static/static"}
+    assert all(c.predicted is None and "drafter" not in c.options for c in got)
+    reasons = {s["name"]: s["reason"] for s in agent.last_log["skipped"]}
+    speculation = [f"{e.id}/{v}" for e in seed_entries() for v, o in e.variants.items() if "mode" in o]
+    assert speculation and set(speculation) <= set(reasons)
+    for name in speculation:
+        if name.startswith("drafter-block-markov"):
+            assert "no block_markov drafter" in reasons[name]
+        else:
+            assert "needs a drafter" in reasons[name] and "decodes AR" in reasons[name]
+    assert agent.last_log["pruned"] == []
+
+
+def test_an_ar_incumbent_may_switch_to_a_drafter_the_deployment_names_by_kind():
+    agent = SearchAgent(max_candidates=5)
+    dep = {"drafters": {"block_markov": "/m"}}
+    got = agent.propose(ar_ctx(deployment=dep, memory=SPECULATION))  # no weight format: the tree factor is next
+    assert got and {c.name for c in got} == {"drafter-block-markov/chain-d8", "drafter-block-markov/best-first-n32"}
+    for c in got:  # a whole speculative system on top of the AR incumbent; nothing to replay it on
+        assert c.options["drafter"] == "/m" and c.options["mode"] in ("chain", "tree") and c.predicted is None
+    assert agent.last_log["factor_order"][0] == "kernels" and "kernels" in agent.last_log["notes"][0]
+    reasons = {s["name"]: s["reason"] for s in agent.last_log["skipped"]}
+    assert "needs a drafter" in reasons["tree-best-first/n32"] and "needs a drafter" in reasons["draft-length/d8"]

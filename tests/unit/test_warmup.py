@@ -14,13 +14,13 @@ def test_steady_needs_the_last_runs_close_to_their_median():
 
 def test_warm_up_runs_until_steady_within_its_bounds(monkeypatch):
     script = iter([9.0, 3.0, 1.5, 1.0, 1.01, 1.0, 1.0, 1.0])
-    monkeypatch.setattr(pairing, "timed_generate", lambda sys_, reqs: ([], [], next(script)))
+    monkeypatch.setattr(pairing, "timed_generate", lambda sys_, reqs, batch=1: ([], [], next(script)))
     assert pairing.warm_up(None, [], least=1) == [9.0, 3.0, 1.5, 1.0, 1.01, 1.0]
     noisy = iter([1.0, 2.0] * 20)
-    monkeypatch.setattr(pairing, "timed_generate", lambda sys_, reqs: ([], [], next(noisy)))
+    monkeypatch.setattr(pairing, "timed_generate", lambda sys_, reqs, batch=1: ([], [], next(noisy)))
     assert len(pairing.warm_up(None, [], least=1, most=5)) == 5  # never steady: stops at the cap
     flat = iter([1.0] * 20)
-    monkeypatch.setattr(pairing, "timed_generate", lambda sys_, reqs: ([], [], next(flat)))
+    monkeypatch.setattr(pairing, "timed_generate", lambda sys_, reqs, batch=1: ([], [], next(flat)))
     assert len(pairing.warm_up(None, [], least=4)) == 4  # steady at once, but at least `least` runs
 
 

@@ -1,0 +1,87 @@
+"""Batched decoding through the path users run (`Engine.generate_batch` → the static driver's lanes
+and, on CUDA, its captured step): total output tokens per second at each batch size, AR and the
+n-gram chain, on a random bf16 model of the zoo small dense shape (hidden 512, 8 layers, vocab
+16384). Every batch size decodes the same prompts to the same token limit; the result also says
+how many requests' tokens equal their batch-1 tokens (bf16: GEMMs over more rows may round
+differently — lossless is judged in float64 by the tests, here only reported).
+
+Random weights: τ of the n-gram drafter here says nothing about real text; the figure this measures
+is the batch path's own throughput (is it host-bound, does it scale with the batch).
+
+  python bench/batching.py --out bench/results/batching.json [--batches 1,8,16,32] [--prompts 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from specpilot.engine.checkpoint import save_model
+from specpilot.engine.config import ModelConfig
+from specpilot.engine.engine import Engine, EngineConfig
+from specpilot.engine.synthetic import random_model
+from specpilot.zoo.workloads import Request
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import git_sha  # noqa: E402
+
+SMALL_DENSE = dict(family="llama", vocab_size=16384, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                   num_attention_heads=8, num_key_value_heads=4, head_dim=64, layer_types=["full_attention"] * 8,
+                   rms_norm_eps=1e-5, eos_token_id=[16383])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--batches", default="1,8,16,32")
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--modes", default="ar,chain")
+    a = ap.parse_args(argv)
+    batches = [int(b) for b in a.batches.split(",")]
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(0)
+    reqs = [Request(id=f"p{i}", prompt_ids=tuple(torch.randint(1, 16000, (a.prompt_len,), generator=g).tolist()),
+                    max_new_tokens=a.new_tokens) for i in range(a.prompts)]
+    out = {"command": " ".join(["python"] + sys.argv), "device": torch.cuda.get_device_name() if dev == "cuda" else
+           "cpu", "date": datetime.date.today().isoformat(), "git_sha": git_sha(), "torch": torch.__version__,
+           "shape": "zoo small dense (random bf16)", "prompts": a.prompts, "prompt_len": a.prompt_len,
+           "new_tokens": a.new_tokens, "runs": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        save_model(random_model(ModelConfig(**SMALL_DENSE), seed=0, dtype=torch.bfloat16), tmp)
+        for mode in a.modes.split(","):
+            eng = Engine(EngineConfig(target=tmp, drafter=None if mode == "ar" else "ngram", mode=mode, draft_len=8,
+                                      dtype="bfloat16", device=dev, max_new_tokens=a.new_tokens))
+            ref = None
+            for b in batches:
+                eng.generate_batch(reqs[: max(b, 2)], b) if b > 1 else eng.generate(reqs[0])  # build + capture
+                t0 = time.perf_counter()
+                res = eng.generate_batch(reqs, b) if b > 1 else [eng.generate(r) for r in reqs]
+                wall = time.perf_counter() - t0
+                toks = [r.tokens for r in res]
+                ref = toks if b == 1 else ref
+                n = sum(map(len, toks))
+                row = {"mode": mode, "batch": b, "seconds": round(wall, 4), "output_tokens": n,
+                       "tokens_per_s": round(n / wall, 1),
+                       "tau_mean": round(sum(r.tau_mean for r in res) / len(res), 3),
+                       "equal_to_batch_1": None if ref is None else sum(x == y for x, y in zip(toks, ref))}
+                out["runs"].append(row)
+                print(json.dumps(row), flush=True)
+                Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+    base = {r["mode"]: r["tokens_per_s"] for r in out["runs"] if r["batch"] == 1}
+    for r in out["runs"]:
+        r["over_batch_1"] = round(r["tokens_per_s"] / base[r["mode"]], 3) if r["mode"] in base else None
+    Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""Batched decoding (FastDecoder lanes, Engine.generate_batch): every request's tokens equal its own
+AR tokens, whatever shares its steps — ragged prompts and limits, requests joining and leaving
+mid-decode, idle lanes, EOS inside accepted blocks, trees and chains, every family, in float64.
+
+The drafter is a noisy oracle per request (it proposes the request's own AR continuation with
+errors), so accepted paths run deep and every lane accepts a different length each step."""
+
+import random
+from functools import lru_cache
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from specpilot.engine.decode import generate
+from specpilot.engine.drafters import DraftLM, NgramDrafter
+from specpilot.engine.engine import Engine, EngineConfig, accepted_per_position
+from specpilot.engine.fast import FastDecoder
+from specpilot.engine.replay import make_policy
+from specpilot.engine.synthetic import FAMILIES, NoisyOracle, random_model, tiny_config
+
+VOCAB = 61
+POLICIES = ("chain", "best-first:10", "topk:3:10")
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@lru_cache(maxsize=None)
+def target(family):
+    return random_model(tiny_config(family, vocab=VOCAB), seed=2, dtype=torch.float64)
+
+
+@lru_cache(maxsize=None)
+def ar(family, prompt: tuple, n: int) -> list[int]:
+    return generate(target(family), list(prompt), n, eos=set()).tokens
+
+
+class PerRequestOracle(NoisyOracle):
+    """A NoisyOracle that finds its continuation by the prompt it is shown after a reset."""
+
+    def __init__(self, family, p, seed, markov=False):
+        super().__init__([], 0, p, seed, VOCAB, markov=markov)
+        self.family = family
+
+    def observe(self, committed, next_tokens, feats=None) -> None:
+        if self.seen == 0:  # the prompt: its continuation, and noise of its own
+            self.cont, self.prompt_len = ar(self.family, tuple(committed), 64), len(committed)
+            mine = self.seed * 7919 + sum((i + 1) * t for i, t in enumerate(committed))
+            self.rng, self.gen = random.Random(mine), torch.Generator().manual_seed(mine)
+        super().observe(committed, next_tokens, feats)
+
+
+prompts_st = st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12), min_size=1, max_size=5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(family=st.sampled_from(FAMILIES), spec=st.sampled_from(POLICIES), lanes=st.integers(1, 3),
+       prompts=prompts_st, data=st.data(), p=st.sampled_from([0.0, 0.2, 0.5]), seed=st.integers(0, 3),
+       markov=st.booleans())
+def test_every_request_gets_its_own_ar_tokens(family, spec, lanes, prompts, data, p, seed, markov):
+    limits = data.draw(st.lists(st.integers(1, 30), min_size=len(prompts), max_size=len(prompts)))
+    oracle = PerRequestOracle(family, p, seed, markov)
+    dec = FastDecoder(target(family), oracle, 6, make_policy(spec, None), max_len=128, graphs=False, lanes=lanes)
+    out = dec.generate_batch(prompts, limits, eos=set())
+    for prompt, n, res in zip(prompts, limits, out):
+        assert res.tokens == ar(family, tuple(prompt), n)
+        assert all(1 <= s.tau <= s.drafted + 1 for s in res.steps)
+        assert sum(s.tau for s in res.steps) + 1 >= len(res.tokens)
+
+
+def test_paths_run_deep_and_lanes_accept_different_lengths():
+    """The property above means something only if lanes accept long and unequal paths."""
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]]
+    dec = FastDecoder(target("hybrid"), PerRequestOracle("hybrid", 0.2, 1), 6, None, max_len=128, graphs=False,
+                      lanes=3)
+    out = dec.generate_batch(prompts, [30, 30, 30], eos=set())
+    taus = [[s.tau for s in r.steps] for r in out]
+    assert max(max(t) for t in taus) == 7
+    assert any(len({t[i] for t in taus}) > 1 for i in range(min(map(len, taus))))
+
+
+def test_eos_and_limits_end_each_request_as_ar_does():
+    tgt = target("qwen3")
+    prompts = [[3, 1, 4], [1, 5, 9, 2], [6, 5], [3, 5, 8, 9]]
+    free = [ar("qwen3", tuple(q), 30) for q in prompts]
+    stop = free[0][6]  # the 7th token of the first request ends it (and any other that emits it)
+    dec = FastDecoder(tgt, PerRequestOracle("qwen3", 0.1, 0), 5, None, max_len=128, graphs=False, lanes=2)
+    out = dec.generate_batch(prompts, [30, 30, 3, 30], eos={stop})
+    for q, n, res in zip(prompts, [30, 30, 3, 30], out):
+        assert res.tokens == generate(tgt, q, n, eos={stop}).tokens
+
+
+@pytest.mark.parametrize("drafter", [None, "ngram"])
+def test_idle_lanes_leave_the_others_alone(drafter):
+    """More lanes than requests: the idle lanes' rows run but commit nothing."""
+    prompts = [[7, 7, 7, 7], [1, 2, 1, 2, 1]]
+    dec = FastDecoder(target("sliding"), NgramDrafter() if drafter else None, 4, None, max_len=128, graphs=False,
+                      lanes=4)
+    out = dec.generate_batch(prompts, [25, 12], eos=set())
+    assert [r.tokens for r in out] == [ar("sliding", tuple(q), n) for q, n in zip(prompts, [25, 12])]
+    assert dec.cache.lengths[2:].tolist() == [0, 0]
+
+
+def test_one_device_read_per_step_for_the_whole_batch(monkeypatch):
+    """The host reads the device once per step (every lane's τ, path and bonus), plus once per
+    admitted request (its prefill's first token)."""
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3], [8, 9, 7, 9]]
+    dec = FastDecoder(target("llama"), None, 4, None, max_len=128, graphs=False, lanes=2)
+    reads = {"n": 0}
+    for name in ("tolist", "item", "__int__"):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _real=real, **k: reads.update(n=reads["n"] + 1)
+                            or _real(self, *a, **k))
+    out = dec.generate_batch(prompts, [9, 6, 11, 4], eos=set())
+    monkeypatch.undo()
+    # AR: a request of n tokens takes n - 1 steps. Lane 0 holds request 0 (8 steps), lane 1
+    # request 1 (5); request 2 takes lane 1 after step 5 (10 steps: to step 15), request 3 lane 0
+    # after step 8 (3 steps): 15 steps in all.
+    assert [len(r.steps) for r in out] == [8, 5, 10, 3]
+    assert reads["n"] == len(prompts) + 15
+
+
+def test_a_device_drafter_is_refused_at_batch_with_the_reason():
+    with pytest.raises(ValueError, match="device drafters decode one request at a time"):
+        FastDecoder(target("llama"), DraftLM(target("llama")), 4, None, max_len=128, graphs=False, lanes=2)
+
+
+def test_accepted_per_position_counts_steps_past_each_position():
+    from specpilot.engine.decode import Step
+
+    steps = [Step(tau=t, drafted=3, t_draft=0, t_verify=0, t_commit=0) for t in (1, 2, 4, 3)]
+    assert accepted_per_position(steps) == [0.75, 0.5, 0.25]
+    assert accepted_per_position([]) == []
+
+
+@pytest.fixture(scope="module")
+def zoo_target(tmp_path_factory):
+    from specpilot.engine.checkpoint import save_model
+
+    folder = tmp_path_factory.mktemp("t")
+    save_model(target("llama"), folder)
+    return str(folder)
+
+
+def test_engine_generate_batch_and_run(zoo_target):
+    from specpilot.zoo.workloads import Request
+
+    reqs = [Request(id=f"r{i}", prompt_ids=q, max_new_tokens=n)
+            for i, (q, n) in enumerate([([1, 2, 1, 2, 1, 2], 10), ([4, 4, 4], 7), ([9], 12)])]
+    eng = Engine(EngineConfig(target=zoo_target, drafter="ngram", dtype="float64", draft_len=4))
+    batched = eng.run(reqs, batch=2)
+    one = eng.run(reqs, batch=1)
+    assert [o["tokens"] for o in batched["outputs"]] == [o["tokens"] for o in one["outputs"]]
+    apc = batched["accepted_per_position"]
+    assert batched["batch"] == 2 and apc and apc == sorted(apc, reverse=True)
+    with pytest.raises(ValueError, match="batch 0"):
+        eng.generate_batch(reqs, 0)
+    eager = Engine(EngineConfig(target=zoo_target, drafter="ngram", dtype="float64", driver="eager"))
+    with pytest.raises(ValueError, match="driver 'eager' decodes one request at a time"):
+        eager.generate_batch(reqs, 2)
