@@ -137,8 +137,9 @@ def test_batched_generation_over_grpc_equals_batch_1_and_counts_accepted_tokens_
     counts = {ln.split("{")[1].split("}")[0]: float(ln.split()[-1]) for ln in text.splitlines()
               if ln.startswith("specpilot_accepted_tokens_per_position_total{")}
     steps = [float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith("specpilot_verify_steps_total ")]
-    k = len(counts)  # positions 1..k, each accepted no more often than the one before it
-    assert 1 <= k <= 4 and set(counts) == {f'position="{i}"' for i in range(1, k + 1)} and steps and steps[0] > 0
+    k = len(counts)  # positions 1..k (the module's worker also served draft length 8 systems), each
+    assert k >= 1 and set(counts) == {f'position="{i}"' for i in range(1, k + 1)} and steps and steps[0] > 0
+    # accepted no more often than the one before it
     assert sorted(counts.values(), reverse=True) == [counts[f'position="{i}"'] for i in range(1, k + 1)]
 
 
