@@ -156,11 +156,16 @@ def kernel_profile(target, prompt, drafter=None, policy=None, draft_len=15, n=33
     return rows
 
 
-def part_eight_b(args) -> dict:
-    cfg = ModelConfig(**LLAMA_8B)
+def eight_b():
+    """A random model of the Llama-3.1-8B shape, the measured copy bandwidth and the HBM floor of one token
+    (its weight bytes over that bandwidth, in ms)."""
     bw = copy_bandwidth()
-    model = random_model(cfg)
-    floor_ms = weight_bytes_per_token(model) / bw * 1e3
+    model = random_model(ModelConfig(**LLAMA_8B))
+    return model, bw, weight_bytes_per_token(model) / bw * 1e3
+
+
+def part_eight_b(args) -> dict:
+    model, bw, floor_ms = eight_b()
     prompt = list(range(1000, 1032))
     ar_ms, ar_first = step_ms(model, prompt, args.new_tokens)
     out = {"copy_bandwidth_TBps": bw / 1e12, "weight_GB_read_per_token": weight_bytes_per_token(model) / 1e9,

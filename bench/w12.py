@@ -29,9 +29,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_fastpath import LLAMA_8B, copy_bandwidth, forcing, header, random_model, requests, weight_bytes_per_token  # noqa: E402
+from gpu_fastpath import LLAMA_8B, eight_b, forcing, header, requests  # noqa: E402
 
-from specpilot.engine.config import ModelConfig  # noqa: E402
 from specpilot.engine.decode import generate  # noqa: E402
 from specpilot.engine.weights import apply  # noqa: E402
 
@@ -51,10 +50,7 @@ def ar_ms(model, prompt, n, reps=3) -> tuple[float, float, list[int]]:
 
 
 def part_ar(args) -> dict:
-    cfg = ModelConfig(**LLAMA_8B)
-    bw = copy_bandwidth()
-    model = random_model(cfg)
-    floor_ms = weight_bytes_per_token(model) / bw * 1e3
+    model, bw, floor_ms = eight_b()
     prompt = list(range(1000, 1032))
     out = {"copy_bandwidth_TBps": bw / 1e12, "floor_ms_per_token": floor_ms, "new_tokens": args.new_tokens,
            "systems": {}}

@@ -93,20 +93,26 @@ if triton is not None:
         tl.store(lbmax + r * tl.num_programs(0) + pv, tl.max(tl.where(ok, lo, float("-inf")), 1), mask=rm)
 
     @triton.jit
+    def _exact_logits(W, h, m, rows, rm, K: tl.constexpr, OUT: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
+        """Exact logits of hidden row m at the R head rows `rows` (masked by rm; masked ones are -inf): fp32
+        sums over K in BK steps, rounded to the output dtype as the dense head rounds them."""
+        k = tl.arange(0, BK)
+        acc = tl.zeros((R,), tl.float32)
+        for k0 in range(0, K, BK):
+            km = k0 + k < K
+            w = tl.load(W + rows[:, None] * K + k0 + k[None, :], mask=rm[:, None] & km[None, :], other=0.0)
+            x = tl.load(h + m * K + k0 + k, mask=km, other=0.0)
+            acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], 1)
+        return tl.where(rm, acc.to(OUT).to(tl.float32), float("-inf"))
+
+    @triton.jit
     def _exact(W, h, cert, pmax, pidx, V, K: tl.constexpr, OUT: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):
         pv, m = tl.program_id(0), tl.program_id(1)
         if tl.load(cert + m) != 0:
             return
         v = pv * BV + tl.arange(0, BV)
-        k = tl.arange(0, BK)
         vm = v < V
-        acc = tl.zeros((BV,), tl.float32)
-        for k0 in range(0, K, BK):
-            km = k0 + k < K
-            w = tl.load(W + v[:, None] * K + k0 + k[None, :], mask=vm[:, None] & km[None, :], other=0.0)
-            x = tl.load(h + m * K + k0 + k, mask=km, other=0.0)
-            acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], 1)
-        logit = tl.where(vm, acc.to(OUT).to(tl.float32), float("-inf"))
+        logit = _exact_logits(W, h, m, v, vm, K, OUT, BV, BK)
         best = tl.max(logit, 0)
         tl.store(pmax + m * tl.num_programs(0) + pv, best)
         tl.store(pidx + m * tl.num_programs(0) + pv, tl.min(tl.where(vm & (logit == best), v, V), 0))
@@ -118,14 +124,7 @@ if triton is not None:
         s = tl.arange(0, SP)
         sm = s < S
         c = tl.load(cand + m * S + s, mask=sm, other=0)
-        k = tl.arange(0, BK)
-        acc = tl.zeros((SP,), tl.float32)
-        for k0 in range(0, K, BK):
-            km = k0 + k < K
-            w = tl.load(W + c[:, None] * K + k0 + k[None, :], mask=sm[:, None] & km[None, :], other=0.0)
-            x = tl.load(h + m * K + k0 + k, mask=km, other=0.0)
-            acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], 1)
-        logit = tl.where(sm, acc.to(OUT).to(tl.float32), float("-inf"))
+        logit = _exact_logits(W, h, m, c, sm, K, OUT, SP, BK)
         best = tl.max(logit, 0)
         win = tl.min(tl.where(sm & (logit == best), c, V), 0)
         b = tl.arange(0, NBP)
