@@ -18,9 +18,11 @@ def rounds_queue(kind: str) -> str:
     return f"rounds.{kind}"
 
 
-def serve_metrics(port: int) -> None:
+def serve_metrics(port: int, host: str | None = None) -> None:
     """Count this worker's tasks (`specpilot_tasks_total{task,state}`, `specpilot_task_duration_seconds`)
-    and serve them on `port` (the stack gives each Celery worker one: SPECPILOT_METRICS_PORT)."""
+    and serve them on `port` (the stack gives each Celery worker one: SPECPILOT_METRICS_PORT) at
+    `host` (SPECPILOT_METRICS_HOST, default 127.0.0.1; a container serves them on 0.0.0.0)."""
+    import os
     import time
 
     from celery.signals import task_postrun, task_prerun
@@ -40,7 +42,7 @@ def serve_metrics(port: int) -> None:
         seconds.labels(task.name).observe(time.perf_counter() - started.pop(task_id, time.perf_counter()))
         tasks.labels(task.name, state or "UNKNOWN").inc()
 
-    start_http_server(port, addr="127.0.0.1")
+    start_http_server(port, addr=host or os.environ.get("SPECPILOT_METRICS_HOST") or "127.0.0.1")
 
 
 def make_celery(redis_url: str | None = None):

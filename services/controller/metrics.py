@@ -16,6 +16,23 @@ def histogram(name: str, doc: str, values: list[float]) -> HistogramMetricFamily
     return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=sum(values))
 
 
+def rejection_reason(v: dict) -> str:
+    """Why a rejected verdict was rejected, one reason each (the first that applies): `forcing`
+    (token forcing failed), `unstable` (a system's outputs changed between timed runs), `noise`
+    (the lower bound did not clear the bar of 1 % + stock noise), `other`."""
+    if v.get("forcing_passed") is False:
+        return "forcing"
+    if any("outputs changed between timed runs" in r for r in v.get("reasons") or ()):
+        return "unstable"
+    lower, threshold = v.get("lower_bound"), v.get("threshold")
+    if lower is None or threshold is None or not lower - 1.0 > threshold:
+        return "noise"
+    return "other"
+
+
+REJECTION_REASONS = ("noise", "forcing", "unstable", "other")
+
+
 def candidate_state(c: dict) -> str:
     if c.get("pruned"):
         return "pruned"
@@ -42,10 +59,29 @@ class ControllerCollector:
                                 "incumbent (profile)", labels=["run", "round", "system"])
         tps = GaugeMetricFamily("specpilot_system_tokens_per_second", "Mean throughput the controller timed per "
                                 "system in a verdict's paired runs", labels=["run", "round", "system"])
+        rejections = CounterMetricFamily("specpilot_rejections", "Rejected verdicts by their first reason (noise: the "
+                                         "lower bound did not clear 1 % + stock noise)", labels=["reason"])
+        inc_tau = GaugeMetricFamily("specpilot_incumbent_tau", "Tokens committed per verify pass of the incumbent "
+                                    "of each deployment's latest measured round", labels=["deployment", "gpu"])
+        inc_tps = GaugeMetricFamily("specpilot_incumbent_tokens_per_second", "Mean throughput the controller timed "
+                                    "for the incumbent of each deployment's latest judged round",
+                                    labels=["deployment", "gpu"])
         counts = {"pruned": 0, "accepted": 0, "rejected": 0, "error": 0, "pending": 0}
+        reasons = dict.fromkeys(REJECTION_REASONS, 0)
+        latest_tau: dict[tuple, tuple] = {}  # (deployment, gpu) -> (updated_at, τ)
+        latest_tps: dict[tuple, tuple] = {}
         judge, profile = [], []
         for rec in recs:
+            dep = rec.get("deployment") or {}
+            which = (str(dep.get("name", "")), str(dep.get("gpu", "")))
             for r in (rec.get("doc") or {}).get("rounds", []):
+                when = (rec.get("updated_at") or 0.0, r.get("round", 0))
+                if r.get("costmodel") and when >= latest_tau.get(which, ((-1.0, -1), None))[0]:
+                    latest_tau[which] = (when, r["costmodel"]["tau_current"])
+                timed = [c["verdict"]["incumbent_tps"] for c in r.get("candidates", [])
+                         if c.get("verdict") and c["verdict"].get("incumbent_tps") is not None]
+                if timed and when >= latest_tps.get(which, ((-1.0, -1), None))[0]:
+                    latest_tps[which] = (when, sum(timed) / len(timed))
                 if r.get("costmodel"):
                     tau.add_metric([rec["id"], str(r["round"]), r["incumbent"]["label"]], r["costmodel"]["tau_current"])
                 if "profile_seconds" in r:
@@ -53,6 +89,8 @@ class ControllerCollector:
                 for c in r.get("candidates", []):
                     counts[candidate_state(c)] += 1
                     v = c.get("verdict")
+                    if v and not v.get("accepted"):
+                        reasons[rejection_reason(v)] += 1
                     if v:
                         if "seconds" in v:
                             judge.append(v["seconds"])
@@ -63,10 +101,19 @@ class ControllerCollector:
             cands.add_metric([s], n)
         verdicts.add_metric(["accepted"], counts["accepted"])
         verdicts.add_metric(["rejected"], counts["rejected"])
+        for reason, n in reasons.items():
+            rejections.add_metric([reason], n)
+        for which, (_, value) in sorted(latest_tau.items()):
+            inc_tau.add_metric(list(which), value)
+        for which, (_, value) in sorted(latest_tps.items()):
+            inc_tps.add_metric(list(which), value)
         yield cands
         yield verdicts
+        yield rejections
         yield tau
         yield tps
+        yield inc_tau
+        yield inc_tps
         yield histogram("specpilot_judge_duration_seconds", "Time to judge one candidate (paired runs and token "
                         "forcing)", judge)
         yield histogram("specpilot_profile_duration_seconds", "Time to profile a round's incumbent", profile)

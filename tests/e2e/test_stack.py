@@ -10,6 +10,7 @@ Skipped when Redis or PostgreSQL is unreachable (CI starts both).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -60,22 +61,13 @@ def reachable() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    why = reachable()
-    if why:
-        pytest.skip(why)
-    import redis
-
-    redis.Redis.from_url(REDIS).flushdb()
-    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-    name = f"specpilot_e2e_{uuid.uuid4().hex[:10]}"
-    with admin.connect() as c:
-        c.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    data = tmp_path_factory.mktemp("stack")
-    cmd = [sys.executable, "-m", "specpilot.cli", "stack", "up", "--workers", "cpu,cpu", "--port", str(free_port()),
-           "--memory-port", str(free_port()), "--redis", REDIS, "--db", PG_ADMIN.rsplit("/", 1)[0] + "/" + name,
-           "--data", str(data), "--json"]
+@contextlib.contextmanager
+def running_stack(data: Path, *args: str, workers: str = "cpu,cpu"):
+    """`specpilot stack up --json` in `data` with `args` (--redis, --db, ...) until the block ends
+    (SIGTERM, then SIGKILL of its process group after 60 s). Yields its JSON line, plus `data_dir`
+    and an authorized httpx `client` of the controller."""
+    cmd = [sys.executable, "-m", "specpilot.cli", "stack", "up", "--workers", workers, "--port", str(free_port()),
+           "--memory-port", str(free_port()), "--data", str(data), "--json", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(data / "stack.err", "w"), text=True,
                             start_new_session=True)
     try:
@@ -94,6 +86,25 @@ def stack(tmp_path_factory):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    why = reachable()
+    if why:
+        pytest.skip(why)
+    import redis
+
+    redis.Redis.from_url(REDIS).flushdb()
+    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    name = f"specpilot_e2e_{uuid.uuid4().hex[:10]}"
+    with admin.connect() as c:
+        c.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    data = tmp_path_factory.mktemp("stack")
+    try:
+        with running_stack(data, "--redis", REDIS, "--db", PG_ADMIN.rsplit("/", 1)[0] + "/" + name) as info:
+            yield info
+    finally:
         with admin.connect() as c:
             c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
