@@ -20,7 +20,7 @@ from .model import Model
 
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
 FLOAT_CODES = frozenset({"F16", "BF16", "F32", "F64"})
-ITEMSIZE = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8, "U8": 1, "I16": 2, "I32": 4}
+ITEMSIZE = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8, "U8": 1, "I16": 2, "I32": 4, "I64": 8, "BOOL": 1}
 
 
 class CheckpointError(ValueError):
@@ -279,7 +279,11 @@ def check_system(target, drafter: str | None = None, force_drafter: bool = False
     folder = Path(drafter)
     hint = "; pass --force-drafter to use it anyway"
     d = read_config(folder)
-    if "SpecPilotDrafter" in (d.get("architectures") or []):
+    from .eagle3 import check_eagle3, is_eagle3
+
+    if is_eagle3(d):  # an EAGLE-3 folder: its fields, tensors and vocabulary map against the target
+        check_eagle3(folder, tcfg)
+    elif "SpecPilotDrafter" in (d.get("architectures") or []):
         from .drafters import DraftConfig, FeatureDrafterNet, misfit
 
         cfg = DraftConfig.from_hf(d, str(folder / "config.json"))
@@ -304,6 +308,15 @@ def check_system(target, drafter: str | None = None, force_drafter: bool = False
         raise CheckpointError(f"{folder}: zoo.json says this drafter was trained for {named}, not for the target "
                               f"{target}{hint}")
     return tcfg
+
+
+def drafter_kind(folder) -> str:
+    """The kind of drafter a checkpoint folder holds, from its config.json: a feature drafter's
+    `drafter_kind`, "sequential" for an EAGLE-3 folder, else "draft_lm"."""
+    from .eagle3 import is_eagle3
+
+    d = read_config(folder)
+    return "sequential" if is_eagle3(d) else d.get("drafter_kind", "draft_lm")
 
 
 def write_checkpoint(folder, config: dict, tensors: dict[str, torch.Tensor], max_shard_bytes: int | None = None):

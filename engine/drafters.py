@@ -18,7 +18,9 @@ the target's cache):
 
 Feature drafters keep one *context row* per committed target position t: the target's features at
 t together with the embedding of the token at t+1. Their checkpoints are folders with config.json
-(`"architectures": ["SpecPilotDrafter"]`) and model.safetensors, like a target's.
+(`"architectures": ["SpecPilotDrafter"]`) and model.safetensors, like a target's; a sequential
+drafter may also be an EAGLE-3 folder (SGLang / vLLM or `speculators` layout, `eagle3.py`), which
+runs as the `layer0_input = "eagle3"` variant of the same network.
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ from .model import Block, Model, RMSNorm, causal_mask, rope_tables, run_layers
 TOP_K = 16
 DRAFTER_ARCH = "SpecPilotDrafter"
 FEATURE_KINDS = ("sequential", "block", "block_markov")
+LAYER0_INPUTS = ("fc_in", "eagle3")
+# DraftConfig fields added after the first checkpoints: config.json holds them only when they differ
+_LATER_FIELDS = {"layer0_input": "fc_in", "norm_before_residual": False, "draft_vocab_size": None,
+                 "own_embedding": False, "rope_scaling": None}
 
 
 @dataclass
@@ -114,6 +120,17 @@ class DraftConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     max_position_embeddings: int = 4096
+    # sequential kind: how the first layer reads a row. "fc_in" mixes the row's two halves (token
+    # embedding, hidden) into one H-wide row that enters standard layers; "eagle3" is EAGLE-3's first
+    # layer (`Eagle3Block`): its q/k/v read the 2H-wide [input_layernorm(embedding) ‖ hidden_norm(hidden)]
+    # and its residual is the hidden half (hidden_norm(hidden) with norm_before_residual)
+    layer0_input: str = "fc_in"
+    norm_before_residual: bool = False
+    # an own LM head of this many rows (a draft vocabulary, mapped to target ids by the net's
+    # `draft_ids`); None: the target's head
+    draft_vocab_size: int | None = None
+    own_embedding: bool = False  # an own token embedding [vocab_size, hidden_size]; else the target's
+    rope_scaling: dict | None = None  # as a target's config (llama3 frequency scaling)
     extra: dict = field(default_factory=dict)  # training record etc., kept verbatim
 
     def body(self) -> ModelConfig:
@@ -123,12 +140,15 @@ class DraftConfig:
             intermediate_size=self.intermediate_size, num_hidden_layers=self.num_hidden_layers,
             num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
             head_dim=self.head_dim, layer_types=["full_attention"] * self.num_hidden_layers,
-            rms_norm_eps=self.rms_norm_eps, rope_theta=self.rope_theta,
+            rms_norm_eps=self.rms_norm_eps, rope_theta=self.rope_theta, rope_scaling=self.rope_scaling,
             max_position_embeddings=self.max_position_embeddings)
 
     def to_hf(self) -> dict:
         d = asdict(self)
         extra = d.pop("extra")
+        for k, default in _LATER_FIELDS.items():  # written only when set: other drafters' files stay as they were
+            if d[k] == default:
+                d.pop(k)
         return {"architectures": [DRAFTER_ARCH], "drafter_kind": d.pop("kind"), **d, **extra}
 
     @classmethod
@@ -150,8 +170,33 @@ class DraftConfig:
             checked_field(d, "copy_head", source, "bool", False)
             checked_field(d, "rms_norm_eps", source, "float", 1e-6, low=0.0)
             checked_field(d, "rope_theta", source, "float", 1e4, low=1e-9)
+            checked_field(d, "norm_before_residual", source, "bool", False)
+            checked_field(d, "own_embedding", source, "bool", False)
+            checked_field(d, "draft_vocab_size", source, "int", None, low=1, high=d["vocab_size"])
         except ConfigError as e:
             raise CheckpointError(str(e)) from None
+        if d.get("layer0_input", "fc_in") not in LAYER0_INPUTS:
+            raise CheckpointError(f"{source}: field 'layer0_input' = {d.get('layer0_input')!r}; expected one of "
+                                  f"{LAYER0_INPUTS}")
+        if d.get("layer0_input") == "eagle3" and (kind != "sequential" or d.get("input_norm")):
+            raise CheckpointError(f"{source}: field 'layer0_input' = 'eagle3' is for a sequential drafter without "
+                                  "input_norm (its first layer has its own norms)")
+        if d.get("draft_vocab_size") is not None and kind != "sequential":
+            raise CheckpointError(f"{source}: field 'draft_vocab_size' is for a sequential drafter, not {kind}")
+        if d.get("draft_vocab_size") not in (None, d["vocab_size"]):
+            raise CheckpointError(f"{source}: field 'draft_vocab_size' = {d['draft_vocab_size']}: a head over fewer "
+                                  f"ids than vocab_size ({d['vocab_size']}) needs a vocabulary map, which only EAGLE-3 "
+                                  "folders carry (engine/eagle3.py)")
+        scaling = d.get("rope_scaling")
+        if scaling is not None:
+            try:
+                if not isinstance(scaling, dict):
+                    raise TypeError("not an object")
+                ModelConfig(family="llama", vocab_size=1, hidden_size=1, intermediate_size=1, num_hidden_layers=1,
+                            num_attention_heads=1, num_key_value_heads=1, head_dim=d["head_dim"], layer_types=[],
+                            rope_scaling=scaling).inv_freq()
+            except (ConfigError, KeyError, TypeError, ZeroDivisionError) as e:
+                raise CheckpointError(f"{source}: field 'rope_scaling' = {scaling!r}: {e}") from None
         layers = d.get("target_layers")
         if not isinstance(layers, list) or not layers or not all(
                 isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers):
@@ -166,21 +211,58 @@ class DraftConfig:
         return cls(kind=kind, **known, extra=d)
 
 
+class Eagle3Block(Block):
+    """EAGLE-3's first drafter layer. Its input row is [embedding ‖ hidden], 2H wide (`rows`): q, k
+    and v read [input_layernorm(embedding) ‖ hidden_norm(hidden)]; the residual stream starts from
+    the hidden half (from hidden_norm(hidden) with `norm_before_residual`); then attention output,
+    post-attention norm and MLP as in any Llama layer. Later layers are plain `Block`s."""
+
+    def __init__(self, cfg: ModelConfig, norm_before_residual: bool):
+        super().__init__(cfg, 0)
+        at, H = self.self_attn, cfg.hidden_size
+        at.q_proj = nn.Linear(2 * H, at.q_proj.out_features, bias=False)
+        at.k_proj = nn.Linear(2 * H, at.k_proj.out_features, bias=False)
+        at.v_proj = nn.Linear(2 * H, at.v_proj.out_features, bias=False)
+        self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.norm_before_residual = norm_before_residual
+
+    def forward(self, x, rope, positions, tree_mask, cache=None, start: int = 0, commit_all: bool = False,
+                parents=None):
+        e, h = x.chunk(2, dim=-1)
+        normed = self.hidden_norm(h)
+        q_in = torch.cat((self.input_layernorm(e), normed), dim=-1)
+        residual = normed if self.norm_before_residual else h
+        x = residual + self.self_attn(q_in, rope, positions, tree_mask, cache, start)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
 class FeatureDrafterNet(nn.Module):
     """The weights of the sequential / block / block+Markov drafters. Like EAGLE and DFlash heads
     they read tokens through the target's embedding and score them with the target's LM head
-    (`emb`, `head` arguments), so a checkpoint holds only the drafter's own layers."""
+    (`emb`, `head` arguments), so a checkpoint holds only the drafter's own layers — unless the
+    config gives it its own embedding (`own_embedding`) or head (`draft_vocab_size`), as EAGLE-3
+    checkpoints have."""
 
     def __init__(self, cfg: DraftConfig):
         super().__init__()
         self.cfg, body = cfg, cfg.body()
         H = cfg.hidden_size
+        eagle3 = cfg.layer0_input == "eagle3"
         self.fc_feat = nn.Linear(len(cfg.target_layers) * cfg.target_hidden_size, H, bias=False)
-        self.fc_in = nn.Linear(2 * H, H, bias=False)
+        if not eagle3:
+            self.fc_in = nn.Linear(2 * H, H, bias=False)
         if cfg.input_norm:
             self.emb_norm, self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps), RMSNorm(H, cfg.rms_norm_eps)
-        self.layers = nn.ModuleList(Block(body, i) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(Eagle3Block(body, cfg.norm_before_residual) if eagle3 and i == 0 else Block(body, i)
+                                    for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
+        if cfg.own_embedding:  # a bare parameter: no random init (a module built on the meta device is assigned)
+            self.embed_tokens = nn.Module()
+            self.embed_tokens.weight = nn.Parameter(torch.empty(cfg.vocab_size, H))
+        if cfg.draft_vocab_size is not None:
+            self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
+        # the target id of each row of an own head over a draft vocabulary (None: row i is target id i)
+        self.register_buffer("draft_ids", None, persistent=False)
         if cfg.kind in ("block", "block_markov"):
             self.mask_embedding = nn.Parameter(torch.zeros(cfg.block_size - 1, H))  # one per drafted position 2..m
         if cfg.kind == "block_markov":
@@ -194,8 +276,11 @@ class FeatureDrafterNet(nn.Module):
         self.register_buffer("inv_freq", body.inv_freq(), persistent=False)
 
     def rows(self, next_tokens: torch.Tensor, hidden: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
-        """Input rows from (token at t+1, H-wide hidden at t)."""
+        """Input rows from (token at t+1, H-wide hidden at t); 2H wide [embedding ‖ hidden] for the
+        eagle3 first layer, which mixes them itself."""
         e = F.embedding(next_tokens, emb)
+        if self.cfg.layer0_input == "eagle3":
+            return torch.cat((e, hidden), dim=-1)
         if self.cfg.input_norm:
             e, hidden = self.emb_norm(e), self.hidden_norm(hidden)
         return self.fc_in(torch.cat((e, hidden), dim=-1))
@@ -212,7 +297,18 @@ class FeatureDrafterNet(nn.Module):
             tree_mask = causal_mask(T, x.device)
         rope = rope_tables(self.inv_freq, positions, x.dtype)
         h, _ = run_layers(self.cfg.body(), self.layers, x, cache, start, positions, tree_mask, rope)
-        return h, F.linear(self.norm(h[:, logits_from:]), head)
+        return h, self.logits(h[:, logits_from:], head)
+
+    def logits(self, h: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+        """Logits over the target's vocabulary of pre-norm hidden rows [..., H]. A head over a draft
+        vocabulary scores only its rows' target ids (`draft_ids`); every other id gets -inf, so the
+        lattice (top-k, log-softmax) and the next drafted token are the draft vocabulary's, in
+        target ids, and nothing downstream needs to know about the map."""
+        out = F.linear(self.norm(h), head)
+        if self.draft_ids is None:
+            return out
+        full = out.new_full((*out.shape[:-1], self.cfg.vocab_size), float("-inf"))
+        return full.index_copy(out.dim() - 1, self.draft_ids, out)
 
     def block_rows(self, lead: torch.Tensor, n: int, emb: torch.Tensor) -> torch.Tensor:
         """The n mask rows of one block, [B, n, H], after the drafted position-1 token lead [B]."""
@@ -367,10 +463,11 @@ def missed(known: list[int] | None, i: int, token: int) -> bool:
 
 
 def misfit(c: DraftConfig, t, target: str = "this target") -> str | None:
-    """Why a feature drafter cannot run on a target (it shares the target's embedding and LM head and reads
-    its hidden features at target_layers), or None when it fits."""
-    if (c.vocab_size, c.hidden_size, c.target_hidden_size) == (t.vocab_size, t.hidden_size, t.hidden_size) \
-            and max(c.target_layers) < t.num_hidden_layers:
+    """Why a feature drafter cannot run on a target (it shares the target's embedding and LM head, unless
+    it has its own, and reads its hidden features at target_layers), or None when it fits."""
+    own = c.own_embedding and c.draft_vocab_size is not None  # then its width may differ from the target's
+    if (c.vocab_size, c.target_hidden_size) == (t.vocab_size, t.hidden_size) \
+            and (own or c.hidden_size == t.hidden_size) and max(c.target_layers) < t.num_hidden_layers:
         return None
     return (f"this {c.kind} drafter (vocab_size {c.vocab_size}, hidden_size {c.hidden_size}, target_hidden_size "
             f"{c.target_hidden_size}, target_layers {c.target_layers}) does not fit {target} (vocab_size "
@@ -386,7 +483,8 @@ class FeatureDrafter(Drafter):
         # transitions: the Markov head's, or the pointer head's copies given each parent candidate
         self.net, self.kind = net, c.kind
         self.transitions = c.kind == "block_markov" or c.copy_head  # copy_head: block kinds only
-        self.emb, self.head = target.model.embed_tokens.weight, target.lm_head_weight
+        self.emb = net.embed_tokens.weight if c.own_embedding else target.model.embed_tokens.weight
+        self.head = net.lm_head.weight if c.draft_vocab_size is not None else target.lm_head_weight
         self.target_layers = tuple(c.target_layers)
         self.block_size = c.block_size
         self.cache: Cache | None = None
@@ -543,6 +641,13 @@ def load_drafter(spec: str, dtype: torch.dtype = torch.float32, device="cpu",
         return NgramDrafter(max_n=int(spec.split(":")[1]) if ":" in spec else 4)
     folder = Path(spec)
     d = read_config(folder)
+    from .eagle3 import is_eagle3, load_eagle3
+
+    if is_eagle3(d):  # an EAGLE-3 folder (SGLang / vLLM or speculators layout): a sequential drafter
+        if target is None:
+            raise CheckpointError(f"{folder}: an EAGLE-3 drafter runs on its target's features; load it together "
+                                  "with the target")
+        return FeatureDrafter(load_eagle3(folder, target.cfg, dtype, device), target)
     if DRAFTER_ARCH not in (d.get("architectures") or []):
         return DraftLM(load_model(folder, dtype, device))
     if target is None:
@@ -561,5 +666,9 @@ def load_drafter(spec: str, dtype: torch.dtype = torch.float32, device="cpu",
 
 
 def save_drafter(net: FeatureDrafterNet, folder, dtype: torch.dtype | None = None) -> None:
+    ids = net.draft_ids
+    if ids is not None and not torch.equal(ids.cpu(), torch.arange(net.cfg.vocab_size)):
+        raise ValueError("this drafter's head covers a draft vocabulary (draft_ids); the SpecPilotDrafter format "
+                         "holds no vocabulary map — write it with engine.eagle3.export_eagle3")
     sd = {k: (v.to(dtype) if dtype else v) for k, v in net.state_dict().items()}
     write_checkpoint(folder, net.cfg.to_hf(), sd)

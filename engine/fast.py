@@ -59,7 +59,7 @@ class _FeatureDraft:
         dev, dt = self.head.device, self.head.dtype
         self.cache = StaticCache(self.body, max_len, dev, dt)
         self.hidden = torch.zeros(1, 1, self.body.hidden_size, device=dev, dtype=dt)
-        self.logits = torch.zeros(self.head.shape[0], device=dev, dtype=dt)
+        self.logits = torch.zeros(d.net.cfg.vocab_size, device=dev, dtype=dt)  # target ids, whatever the head's rows
         self.copy = d.net.cfg.copy_head
         if self.copy:  # every context row's pointer key and every position's token, by position
             self.keys = torch.zeros(max_len, d.net.cfg.head_dim, device=dev, dtype=dt)
@@ -83,7 +83,7 @@ class _FeatureDraft:
 
     def _keep(self, last):
         self.hidden.copy_(last.view(1, 1, -1))
-        self.logits.copy_(F.linear(self.net.norm(last.view(1, -1)), self.head)[0])
+        self.logits.copy_(self.net.logits(last.view(1, -1), self.head)[0])
 
     def prefill(self, prompt_ids, first, feats):
         self.cache.reset()
@@ -106,7 +106,7 @@ class _FeatureDraft:
                 self.cache.plan(1, offset=i)
                 h = self._layers(net.rows(rows[-1].argmax().view(1, 1), hidden, self.emb))
                 hidden = h.view(1, 1, -1)
-                rows.append(F.linear(net.norm(h[-1]), self.head))
+                rows.append(net.logits(h[-1], self.head))
             return (*_lattice(torch.stack(rows)), None)
         first, ptr = self.logits, None
         if self.kind == "block_markov":

@@ -95,6 +95,31 @@ def random_drafter_net(kind: str, target: ModelConfig, seed: int = 0, dtype: tor
     return randomize(FeatureDrafterNet(drafter_config(kind, target, **kw)), seed).to(dtype).eval()
 
 
+def random_eagle3_net(target: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32, layers: int = 1,
+                      target_layers: list[int] | None = None, draft_vocab: int | None = None,
+                      own_embedding: bool = False, norm_before_residual: bool = False,
+                      hidden: int | None = None) -> FeatureDrafterNet:
+    """A sequential drafter with EAGLE-3's first layer (`layer0_input = "eagle3"`) for `target`:
+    reading three target layers (default [1, n/2, n-1]); with `draft_vocab` an own head over a random
+    draft vocabulary of that many target ids (`draft_ids`, ascending); `hidden` another width than the
+    target's (then with its own embedding and head)."""
+    n = target.num_hidden_layers
+    H = hidden or target.hidden_size
+    own = hidden is not None and hidden != target.hidden_size
+    cfg = DraftConfig(
+        kind="sequential", vocab_size=target.vocab_size, hidden_size=H, intermediate_size=2 * H,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=H // 4,
+        target_hidden_size=target.hidden_size,
+        target_layers=target_layers if target_layers is not None else sorted({1, n // 2, n - 1}),
+        layer0_input="eagle3", norm_before_residual=norm_before_residual,
+        draft_vocab_size=draft_vocab or (target.vocab_size if own else None), own_embedding=own_embedding or own)
+    net = randomize(FeatureDrafterNet(cfg), seed).to(dtype).eval()
+    if draft_vocab is not None and draft_vocab < target.vocab_size:
+        g = torch.Generator().manual_seed(seed + 1)
+        net.draft_ids = torch.randperm(target.vocab_size, generator=g)[:draft_vocab].sort().values
+    return net
+
+
 class NoisyOracle(Drafter):
     """A host drafter for losslessness tests that reaches deep into accepted paths: it knows the
     target's greedy continuation and proposes it with noise.

@@ -52,7 +52,7 @@ def check_deployment(dep: dict, force_drafter: bool = False) -> None:
     """What the controller's `load_deployment` cannot check without the engine and the zoo: every
     checkpoint loads and its drafters fit the target, the workload exists and parses, the device
     kind and the tree budgets are known — before any worker starts."""
-    from specpilot.engine.checkpoint import check_system, read_config
+    from specpilot.engine.checkpoint import check_system, drafter_kind
     from specpilot.engine.drafters import FEATURE_KINDS
     from specpilot.engine.trees import parse_policy
     from specpilot.services.controller.round import requests_of
@@ -66,7 +66,7 @@ def check_deployment(dep: dict, force_drafter: bool = False) -> None:
             raise ValueError(f"deployment: {key}: {e}") from None
     kinds = (*FEATURE_KINDS, "draft_lm")
     for kind, folder in dep["drafters"].items():
-        actual = read_config(folder).get("drafter_kind", "draft_lm")
+        actual = drafter_kind(folder)
         if kind not in kinds:
             raise ValueError(f"deployment: drafters.{kind}: unknown drafter kind; expected one of {', '.join(kinds)}")
         if actual != kind:

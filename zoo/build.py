@@ -24,7 +24,7 @@ import torch
 from specpilot import gitrun
 from specpilot.engine.checkpoint import save_model
 from specpilot.engine.config import ModelConfig
-from specpilot.engine.drafters import DraftConfig, DraftLM, FeatureDrafter, NgramDrafter, save_drafter
+from specpilot.engine.drafters import LAYER0_INPUTS, DraftConfig, DraftLM, FeatureDrafter, NgramDrafter, save_drafter
 from specpilot.engine.model import Model
 from specpilot.engine.replay import Continuation, continuation, drafter_taus
 from specpilot.engine.synthetic import randomize
@@ -69,6 +69,9 @@ class Recipe:
     block: int = 16
     block_layers: int = 1  # block drafters draft every position in one pass: depth is cheap for them
     sequential_layers: int = 1  # a sequential drafter runs its layers once per drafted position
+    # the sequential drafter's first layer (DraftConfig.layer0_input): "fc_in", or "eagle3" — EAGLE-3's
+    # layer, which engine.eagle3.export_eagle3 writes exactly in the public EAGLE-3 layouts
+    sequential_layer0: str = "fc_in"
     block_steps: int | None = None  # None: drafter_steps
     dense_block_steps: int | None = None  # the dense role's block drafter (None: block_steps)
     block_lr: float | None = None  # None: drafter_lr
@@ -119,6 +122,9 @@ class Recipe:
             raise ValueError(f"recipe {self.name}: hybrid_lr {self.hybrid_lr} is not a learning rate > 0")
         if not self.context_weight >= 0:
             raise ValueError(f"recipe {self.name}: context_weight {self.context_weight} is not a weight ≥ 0")
+        if self.sequential_layer0 not in LAYER0_INPUTS:
+            raise ValueError(f"recipe {self.name}: sequential_layer0 {self.sequential_layer0!r} is not one of "
+                             f"{LAYER0_INPUTS}")
 
     def target_training(self, hybrid: bool) -> tuple[int, float]:
         """(steps, learning rate) of the hybrid or the dense target."""
@@ -206,13 +212,15 @@ def draft_lm_config(r: Recipe) -> ModelConfig:
 
 def drafter_config(r: Recipe, kind: str, target: ModelConfig) -> DraftConfig:
     n = target.num_hidden_layers
+    eagle3 = kind == "sequential" and r.sequential_layer0 == "eagle3"  # its first layer has its own input norms
     return DraftConfig(
         kind=kind, vocab_size=r.vocab, hidden_size=target.hidden_size, intermediate_size=2 * target.hidden_size,
         num_hidden_layers=r.block_layers if kind in ("block", "block_markov") else r.sequential_layers,
         num_attention_heads=target.num_attention_heads, num_key_value_heads=target.num_key_value_heads, head_dim=target.head_dim,
         target_hidden_size=target.hidden_size, target_layers=sorted({0, n // 2, n - 1}),
         block_size=r.block, markov_rank=r.markov_rank, lead_token=r.block_lead and kind != "sequential",
-        input_norm=r.input_norm, copy_head=r.block_copy and kind != "sequential")
+        input_norm=r.input_norm and not eagle3, copy_head=r.block_copy and kind != "sequential",
+        layer0_input="eagle3" if eagle3 else "fc_in")
 
 
 @torch.no_grad()

@@ -174,7 +174,8 @@ def matrices(module: Model | FeatureDrafterNet) -> list[torch.Tensor]:
     convolutions, a block drafter's mask embedding or a Markov head."""
     if isinstance(module, Model):
         return [p for p in module.model.layers.parameters() if p.ndim == 2]
-    return [p for p in module.layers.parameters() if p.ndim == 2] + [module.fc_feat.weight, module.fc_in.weight]
+    fc = [module.fc_feat.weight] + ([module.fc_in.weight] if hasattr(module, "fc_in") else [])  # eagle3: no fc_in
+    return [p for p in module.layers.parameters() if p.ndim == 2] + fc
 
 
 def warm_up(fn) -> None:
