@@ -76,13 +76,14 @@ class ControllerCollector:
             which = (str(dep.get("name", "")), str(dep.get("gpu", "")))
             for r in (rec.get("doc") or {}).get("rounds", []):
                 when = (rec.get("updated_at") or 0.0, r.get("round", 0))
-                if r.get("costmodel") and when >= latest_tau.get(which, ((-1.0, -1), None))[0]:
+                known = r.get("costmodel") and r["costmodel"].get("tau_current") is not None  # a server: none
+                if known and when >= latest_tau.get(which, ((-1.0, -1), None))[0]:
                     latest_tau[which] = (when, r["costmodel"]["tau_current"])
                 timed = [c["verdict"]["incumbent_tps"] for c in r.get("candidates", [])
                          if c.get("verdict") and c["verdict"].get("incumbent_tps") is not None]
                 if timed and when >= latest_tps.get(which, ((-1.0, -1), None))[0]:
                     latest_tps[which] = (when, sum(timed) / len(timed))
-                if r.get("costmodel"):
+                if known:
                     tau.add_metric([rec["id"], str(r["round"]), r["incumbent"]["label"]], r["costmodel"]["tau_current"])
                 if "profile_seconds" in r:
                     profile.append(r["profile_seconds"])

@@ -19,14 +19,31 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from specpilot.systemspec import EngineSystem, ServerSystem, SystemSpec, is_server, parse_server
+
 from . import stats
 from .forcing import SystemOutput, calibrate_delta, check_forcing
 from .ports import GpuWorkers, System
 
 
-def system(config: dict, patch: str = "", base_rev: str | None = None) -> dict:
-    """A system as the GPU worker interface takes it: engine config, code patch, pinned revision."""
-    return {"config": dict(config), "patch": patch, "base_rev": base_rev}
+def system(config: dict, patch: str = "", base_rev: str | None = None) -> SystemSpec:
+    """The system of a round's configuration (engine settings, or {"server": ...}), its code patch
+    and the pinned revision, as the GPU worker interface takes it."""
+    if is_server(config):
+        if patch.strip():
+            raise ValueError("a server system carries no code patch")
+        return parse_server(config["server"])
+    return EngineSystem(config=dict(config), patch=patch, base_rev=base_rev)
+
+
+def reference(stock: SystemSpec) -> EngineSystem:
+    """AR decoding of stock's target: what stock is forced against (Phase 0) and the scorer of
+    token forcing (teacher-forced by that target, float32 head)."""
+    if isinstance(stock, ServerSystem):
+        if not stock.target:
+            raise ValueError("a server stock needs 'target' (the checkpoint it serves) for token forcing")
+        return EngineSystem(config={"target": stock.target, "mode": "ar"})
+    return dataclasses.replace(stock, config={**stock.config, "mode": "ar"})
 
 
 def timed_generate(sys_: System, requests: list[dict],
@@ -75,7 +92,7 @@ def gpu_clocks(devices: list[str]) -> dict:
     return {f"cuda:{row[0]}": {"sm_MHz": row[1], "mem_MHz": row[2]} for row in rows if len(row) == 3}
 
 
-def run_pair(candidate: dict, incumbent: dict, requests: list[dict], devices: list[str], repeats: int,
+def run_pair(candidate: SystemSpec, incumbent: SystemSpec, requests: list[dict], devices: list[str], repeats: int,
              timeout: float = 600.0, progress=None, warmup: int = 1, *, workers: GpuWorkers, batch: int = 1) -> dict:
     """Time candidate against incumbent (systems: `system(...)`) on the swapped schedule, each
     system started by `workers` on each device and warmed up until its round trip is steady
@@ -141,7 +158,7 @@ def code_hash() -> str:
     return h.hexdigest()
 
 
-def baseline(stock: dict, requests: list[dict], devices: list[str], repeats: int, timeout: float = 600.0,
+def baseline(stock: SystemSpec, requests: list[dict], devices: list[str], repeats: int, timeout: float = 600.0,
              progress=None, warmup: int = 1, *, workers: GpuWorkers, batch: int = 1) -> dict:
     """What every verdict of a round compares against: stock against itself on the swapped schedule
     (the noise), stock's outputs, and δ of token forcing from stock against AR (Phase 0), scored by
@@ -149,15 +166,13 @@ def baseline(stock: dict, requests: list[dict], devices: list[str], repeats: int
     batched outputs are forced against unbatched AR. Plain data, so a round can store it and resume."""
     aa = run_pair(stock, stock, requests, devices, repeats, timeout, progress, warmup, workers=workers, batch=batch)
     stock_out = aa["outputs"][stats.INCUMBENT][0]
-    ar_system = {**stock, "config": {**stock["config"], "mode": "ar"}}
-    scorer, ar_worker = workers.start(stock, devices[0], timeout), workers.start(ar_system, devices[0], timeout)
+    ar_worker = workers.start(reference(stock), devices[0], timeout)  # also the scorer
     try:
         ar, _ = ar_worker.generate(requests)
         base = _outputs(requests, aa["prompt_ids"], stock_out)
         delta = calibrate_delta({o.id: o.tokens for o in base}, {r["id"]: tuple(t) for r, t in zip(requests, ar)},
-                                {o.id: scorer.score(o.prompt_ids, o.tokens) for o in base})
+                                {o.id: ar_worker.score(o.prompt_ids, o.tokens) for o in base})
     finally:
-        scorer.close()
         ar_worker.close()
     return {"samples": [dataclasses.asdict(x) for x in aa["samples"]], "stock_outputs": stock_out,
             "prompt_ids": aa["prompt_ids"], "delta": delta, "warmup_s": aa["warmup_s"], "clocks": aa["clocks"]}
@@ -167,10 +182,10 @@ def _outputs(requests, prompt_ids, tokens) -> list[SystemOutput]:
     return [SystemOutput(r["id"], tuple(p), tuple(t)) for r, p, t in zip(requests, prompt_ids, tokens)]
 
 
-def forcing(candidate_out, base: dict, requests, stock: dict, timeout: float, workers: GpuWorkers,
+def forcing(candidate_out, base: dict, requests, stock: SystemSpec, timeout: float, workers: GpuWorkers,
             device: str) -> dict:
     """Token forcing of the candidate's timed outputs against stock's, scored by stock's target."""
-    scorer = workers.start(stock, device, timeout)
+    scorer = workers.start(reference(stock), device, timeout)
     try:
         return check_forcing(_outputs(requests, base["prompt_ids"], candidate_out),
                              _outputs(requests, base["prompt_ids"], base["stock_outputs"]), scorer.score,
@@ -179,7 +194,7 @@ def forcing(candidate_out, base: dict, requests, stock: dict, timeout: float, wo
         scorer.close()
 
 
-def judge(candidate: dict, incumbent: dict, stock: dict, requests: list[dict], devices: list[str], repeats: int,
+def judge(candidate: SystemSpec, incumbent: SystemSpec, stock: SystemSpec, requests: list[dict], devices: list[str], repeats: int,
           settings: stats.Settings = stats.Settings(), timeout: float = 600.0, progress=None,
           base: dict | None = None, warmup: int = 1, *, workers: GpuWorkers, batch: int = 1) -> dict:
     """Candidate vs incumbent, both swapped, against the stock baseline (`baseline`: stock vs stock
@@ -199,7 +214,7 @@ def judge(candidate: dict, incumbent: dict, stock: dict, requests: list[dict], d
     if not deterministic:
         reasons.append("a system's outputs changed between timed runs: its timing cannot be trusted")
     return {
-        "candidate": candidate, "incumbent": incumbent, "stock": stock,
+        "candidate": candidate.to_json(), "incumbent": incumbent.to_json(), "stock": stock.to_json(),
         "controller_code_sha256": code_hash(), "devices": devices, "repeats": repeats, "batch": batch,
         "requests": requests, "settings": dataclasses.asdict(settings),
         "samples": [dataclasses.asdict(x) for x in main["samples"]],

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from specpilot.systemspec import SystemSpec
+
 
 class System(Protocol):
     """One built system on one device, in a process of its own. It reports no time: the
@@ -32,15 +34,15 @@ class System(Protocol):
 
 
 class GpuWorkers(Protocol):
-    """Build, Generate, Profile, Score, Health. A system is {"config": EngineConfig fields,
-    "patch": unified diff against "base_rev" ("" = none), "base_rev": pinned engine revision}."""
+    """Build, Generate, Profile, Score, Health. A system is a `specpilot.systemspec.SystemSpec`:
+    our engine (settings, a code patch against a pinned revision) or a server it launches."""
 
     kind: str
 
     def devices(self, deployment: dict) -> list[str]:
         """The one or two devices a deployment's paired runs use."""
 
-    def start(self, system: dict, device: str, timeout: float) -> System:
+    def start(self, system: SystemSpec, device: str, timeout: float) -> System:
         """Build `system` and start it on `device` (every call on it under `timeout`)."""
 
     def code_tree(self, base_rev: str, patch: str) -> str:

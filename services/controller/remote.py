@@ -15,6 +15,7 @@ import grpc
 
 from specpilot.devices import device_list
 from specpilot.rpc import CHANNEL_OPTIONS, patch_chunks, profile_json, request_message
+from specpilot.systemspec import SystemSpec
 from specpilot.v1 import gpu_worker_pb2 as pb
 from specpilot.v1 import gpu_worker_pb2_grpc as pb_grpc
 
@@ -106,13 +107,15 @@ class GrpcWorkers:
                                f"Start them, e.g. `specpilot stack up --workers {','.join([kind] * need)}`")
         return ok[:need]
 
-    def start(self, system: dict, device: str, timeout: float) -> RemoteSystem:
-        spec = pb.BuildSpec(engine_config_json=json.dumps(system["config"]), base_rev=system.get("base_rev") or "",
+    def start(self, system: SystemSpec, device: str, timeout: float) -> RemoteSystem:
+        body = system.to_json()
+        patch = body.pop("patch", "") or ""
+        spec = pb.BuildSpec(system_json=json.dumps(body), base_rev=body.pop("base_rev", None) or "",
                             timeout_seconds=timeout)
         stub = self.stubs[device]
         try:
             # wait_for_ready: a worker restarting right now is waited for (within the deadline)
-            reply = stub.Build(patch_chunks(spec, system.get("patch", "")), timeout=timeout, wait_for_ready=True)
+            reply = stub.Build(patch_chunks(spec, patch), timeout=timeout, wait_for_ready=True)
         except grpc.RpcError as e:
             raise rpc_error(device, "build", e) from None
         return RemoteSystem(stub, device, reply.system_id, timeout)

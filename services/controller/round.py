@@ -26,17 +26,18 @@ from pathlib import Path
 from specpilot import gitrun
 from specpilot.devices import device_list
 from specpilot.progress import progress_bar
+from specpilot.systemspec import ServerSystem, SystemSpecError, is_server, parse_system, server_program, with_options
 
 from . import stats
-from .pairing import baseline, judge, run_pair, system, write_verdict
+from .pairing import baseline, judge, reference, run_pair, system, write_verdict
 from .ports import Ports
 
 BUDGETS = ("chain", "best-first:16", "best-first:32", "best-first:63")
 DEPLOYMENT_DEFAULTS = {
     "drafter": None, "drafters": {}, "gpu": "cpu", "devices": "cpu,cpu", "batch": 1, "workload": "humaneval",
     "prompts": 3, "max_new_tokens": 48, "draft_len": 16, "repeats": 6, "warmup": 1, "budgets": list(BUDGETS),
-    "timeout": 600.0, "max_candidates": 3,
-}  # "drafter": None is a deployment without a drafter: plain AR decoding
+    "timeout": 600.0, "max_candidates": 3, "stock": None,
+}  # "drafter": None is a deployment without a drafter: plain AR decoding; "stock": None, our engine's stock
 REQUIRED = ("name", "target")
 AR_STOCK_NOTE = "stock decodes AR: the same comparison as over stock, timed once"
 
@@ -49,7 +50,9 @@ def load_deployment(source: str | Path | dict, base: Path | None = None) -> dict
     """A deployment from a JSON file (paths relative to the file) or a dict, with defaults filled.
 
     `drafter` is optional: absent or null, the deployment serves plain AR decoding (its stock is
-    mode "ar"); `drafters` may still name drafters by kind for the memory's variants to switch to."""
+    mode "ar"); `drafters` may still name drafters by kind for the memory's variants to switch to.
+    `stock` is optional: a server system ({"server": {...}}, `specpilot.systemspec`) to judge in
+    place of our engine's stock; it serves `target` unless it names its own."""
     if isinstance(source, dict):
         raw, base = dict(source), base or Path.cwd()
     else:
@@ -105,7 +108,9 @@ def load_deployment(source: str | Path | dict, base: Path | None = None) -> dict
     if max(batch_sizes(dep)) > dep["prompts"]:
         raise DeploymentError(f"deployment: batch {max(batch_sizes(dep))} needs at least as many prompts; "
                               f"'prompts' is {dep['prompts']}")
-    if batch_sizes(dep) != [1] and dep["drafter"] not in (None, "ngram"):  # stock must run at every batch size
+    if dep["stock"] is not None:
+        dep["stock"] = server_stock(dep["stock"], dep["target"], folder)
+    if batch_sizes(dep) != [1] and dep["drafter"] not in (None, "ngram") and dep["stock"] is None:  # stock must run at every batch size
         raise DeploymentError(f"deployment: batch {dep['batch']} with drafter {dep['drafter']}: batched decoding runs "
                               "AR and the n-gram drafter for now (device drafters decode one request at a time); "
                               "use batch 1, or drafter 'ngram' or none")
@@ -115,6 +120,21 @@ def load_deployment(source: str | Path | dict, base: Path | None = None) -> dict
     if "family" not in dep:
         dep["family"] = json.loads((Path(dep["target"]) / "config.json").read_text()).get("model_type", "unknown")
     return dep
+
+
+def server_stock(raw, target: str, folder) -> dict:
+    """A deployment's `stock` field, checked: a server system serving `target` unless it names
+    its own checkpoint (relative to the deployment file, like the other folders)."""
+    try:
+        spec = parse_system(raw, "deployment: stock")
+    except SystemSpecError as e:
+        raise DeploymentError(str(e)) from None
+    if not isinstance(spec, ServerSystem):
+        raise DeploymentError("deployment: 'stock' names a server system ({\"server\": {...}}); our engine's stock "
+                              "comes from 'target', 'drafter' and 'draft_len'")
+    out = spec.to_json()
+    out["server"]["target"] = folder(spec.target, "stock.server.target") if spec.target else target
+    return out
 
 
 def _positive(x) -> bool:
@@ -136,13 +156,25 @@ def requests_of(dep: dict) -> list[dict]:
 
 
 def stock_config(dep: dict) -> dict:
-    """The deployment's stock system: chain speculation with its drafter, or plain AR decoding
-    (no drafter, no draft length) when it names none."""
+    """The deployment's stock system: its server system when it names one, else chain speculation
+    with its drafter, or plain AR decoding (no drafter, no draft length) when it names none."""
+    if dep.get("stock"):
+        return copy.deepcopy(dep["stock"])
     device = "cpu" if dep["devices"].split(",")[0].strip().startswith("cpu") else "cuda"
     common = {"target": dep["target"], "max_new_tokens": dep["max_new_tokens"], "device": device}
     if dep["drafter"] is None:
         return {**common, "mode": "ar"}
     return {**common, "drafter": dep["drafter"], "mode": "chain", "draft_len": dep["draft_len"]}
+
+
+def server_costmodel(config: dict) -> dict:
+    """The round's cost model for a server incumbent: none can be measured (the server runs its
+    steps inside), so the direction is its speculative settings and timing alone judges them."""
+    program = server_program(config) or "unknown"
+    return {"direction": "server", "server_program": program, "ceiling": {"factors": {"server": 1.0}},
+            "tau_current": None, "speedup_current": None, "budgets": [],
+            "note": f"a {program} server: its steps run inside the server, so there is no profile and no ceiling; "
+                    "the candidates are its speculative settings, judged by paired timing and token forcing"}
 
 
 def port_deployment(dep: dict) -> dict:
@@ -243,6 +275,11 @@ class Round:
         inc = rec["incumbent"]
         self.emit("step", {"round": rec["round"], "step": "profile", "system": inc["label"]})
         t0 = time.perf_counter()
+        if is_server(inc["config"]):  # its steps run inside the server: nothing to profile
+            rec["measurement"], rec["profile_seconds"] = None, 0.0
+            rec["costmodel"] = server_costmodel(inc["config"])
+            rec["direction"] = rec["costmodel"]["direction"]
+            return
         w = self.workers.start(self.system(inc), self.devices[0], self.dep["timeout"])
         try:
             with self.bar(1, f"round {rec['round']}: profiling {inc['label']}") as b:
@@ -293,7 +330,8 @@ class Round:
             self.save()
         if "power" not in self.state:  # what this design can accept at the noise just measured
             noise = stats.gain([stats.PairedSample(**x) for x in self.state["baseline"]["samples"]])
-            self.state["power"] = stats.power_check(noise, "cpu" if self.stock["device"] == "cpu" else "gpu")
+            cpu = self.devices[0].startswith("cpu") or self.dep["gpu"] == "cpu"
+            self.state["power"] = stats.power_check(noise, "cpu" if cpu else "gpu")
             warning = stats.power_warning(self.state["power"])
             if warning:
                 self.log(f"  {warning}")
@@ -311,7 +349,7 @@ class Round:
                 if sealed:  # sealed before a kill, not yet in the state: read back, never judged again
                     path, v = sealed
                 else:
-                    cand = {"config": {**inc["config"], **c["options"]}, "patch": self._joined_patch(inc, c)}
+                    cand = {"config": with_options(inc["config"], c["options"]), "patch": self._joined_patch(inc, c)}
                     with self.bar(2 * self.dep["repeats"], f"round {rec['round']}: {c['name']}") as b:
                         v = judge(self.system(cand), self.system(inc), system(self.stock, "", self.state["stock_rev"]),
                                   self.requests, self.devices, self.dep["repeats"], timeout=self.dep["timeout"],
@@ -365,7 +403,7 @@ class Round:
         rec["accepted"] = [{"candidate": best["name"], "entry": key, "gain": v["gain"],
                             "lower_bound": v["lower_bound"], "verdict_id": v["id"]}]
         code = inc["code_entries"] + ([key] if best.get("patch", "").strip() else [])
-        rec["next_incumbent"] = {"label": best["name"], "config": {**inc["config"], **best["options"]},
+        rec["next_incumbent"] = {"label": best["name"], "config": with_options(inc["config"], best["options"]),
                                  "patch": self._joined_patch(inc, best), "entries": inc["entries"] + [key],
                                  "code_entries": code}
 
@@ -416,9 +454,12 @@ class Round:
         cm = rec["costmodel"]
         f = cm["ceiling"]["factors"]
         tree_note = cm["ceiling"].get("notes", {}).get("tree")
-        self.log(f"  τ {cm['tau_current']:.2f} · ×{cm['speedup_current']:.2f} over AR by the cost model · ceiling "
-                 f"tree ×{f['tree']:.2f}{f' ({tree_note})' if tree_note else ''}, kernels ×{f['kernels']:.2f}, "
-                 f"off-profile ×{f['off_profile']:.2f} → direction {rec['direction']}")
+        if cm["direction"] == "server":
+            self.log(f"  {cm['note']}")
+        else:
+            self.log(f"  τ {cm['tau_current']:.2f} · ×{cm['speedup_current']:.2f} over AR by the cost model · ceiling "
+                     f"tree ×{f['tree']:.2f}{f' ({tree_note})' if tree_note else ''}, kernels ×{f['kernels']:.2f}, "
+                     f"off-profile ×{f['off_profile']:.2f} → direction {rec['direction']}")
         self.check_cancelled()
         if "candidates" not in rec:
             self.propose(rec)
@@ -463,10 +504,10 @@ class Round:
         self.emit("step", {"step": "final", "system": inc["label"]})
         reps = self.dep["repeats"]
         stock = system(self.stock, "", self.state["stock_rev"])
-        ar_stock = self.stock["mode"] == "ar"
+        ar_stock = self.stock.get("mode") == "ar"
         others = [("speedup_over_stock", stock)]
         if not ar_stock:
-            others.append(("speedup_over_ar", {**stock, "config": {**self.stock, "mode": "ar"}}))
+            others.append(("speedup_over_ar", reference(stock)))
         for key, other in others:
             if key == "speedup_over_stock" and inc["label"] == "stock":
                 out[key] = {"gain": 1.0, "lower_bound": 1.0}
@@ -542,8 +583,9 @@ def dispatch_table(finals: list[tuple[int, dict]]) -> dict:
     for i, (b, f) in enumerate(finals):
         over_ar = f.get("speedup_over_ar") or {}
         ar = (over_ar.get("ar_lower_bound") or 0.0) > 1.0 and f["config"].get("mode") != "ar"
-        config = {k: v for k, v in f["config"].items() if k not in ("drafter", "draft_len", "tree")} | {"mode": "ar"} \
-            if ar else f["config"]
+        config = f["config"] if not ar else {"target": f["config"]["server"]["target"], "mode": "ar"} \
+            if is_server(f["config"]) else \
+            {k: v for k, v in f["config"].items() if k not in ("drafter", "draft_len", "tree")} | {"mode": "ar"}
         entries.append({"min_batch": 1 if i == 0 else b, "max_batch": finals[i + 1][0] - 1 if i + 1 < len(finals)
                         else None, "measured_at": b, "label": "ar (no speculation)" if ar else f["label"],
                         "config": config, "speedup_over_stock": f["speedup_over_stock"], "speedup_over_ar": over_ar})

@@ -9,6 +9,7 @@ everything else (this worker, the zoo) from the installed package.
 It loads the system, prints {"ready": true}, then answers each line:
 - {"requests": [...], "batch": B} (workload request objects; B at a time, default 1) →
   {"outputs": [[token, ...], ...], "prompt_ids": [...]} once the device has finished — it never reports a time: the controller times the round trip;
+- {"encode": [...]} (request objects) → {"prompt_ids": [[id, ...], ...]}: the target's tokenization;
 - {"score": [{"prompt_ids", "tokens"}, ...]} → {"scores": [{argmax_token_ids, token_logprob,
   argmax_logprob}, ...]}: teacher-forced scores by the system's target with a float32 LM head
   (the scorer of token forcing, when the system is stock);
@@ -29,7 +30,7 @@ def main(argv: list[str]) -> int:
     spec = json.loads(argv[0])
     device = spec.get("device", "cpu")
     engine_cfg = dict(spec["engine"])
-    root = engine_cfg.pop("root", None) or spec.get("root")  # never an EngineConfig field
+    root = spec.get("root")
     if root:
         from .build import use_root
 
@@ -56,7 +57,9 @@ def main(argv: list[str]) -> int:
     for line in sys.stdin:
         try:
             msg = json.loads(line)
-            if "profile" in msg:
+            if "encode" in msg:
+                reply = {"prompt_ids": [engine.encode(request_from_json(r)) for r in msg["encode"]]}
+            elif "profile" in msg:
                 p = msg["profile"]
                 prompts = [engine.encode(request_from_json(r)) for r in p["requests"]]
                 reply = {"profile": measure(engine, prompts, int(p["new_tokens"]), list(p.get("budgets", [])),

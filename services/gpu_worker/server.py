@@ -33,6 +33,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from specpilot.rpc import CHANNEL_OPTIONS, profile_message, request_json
+from specpilot.systemspec import parse_system
 from specpilot.v1 import gpu_worker_pb2 as pb
 from specpilot.v1 import gpu_worker_pb2_grpc as pb_grpc
 from specpilot.v1 import health_pb2, health_pb2_grpc, reflection_pb2, reflection_pb2_grpc
@@ -126,13 +127,16 @@ class GpuWorkerServicer(pb_grpc.GpuWorkerServicer):
             if spec.code_tree_only:
                 return pb.BuildResponse(code_tree=self.workers.code_tree(spec.base_rev, patch), device=self.device)
             try:
-                config = json.loads(spec.engine_config_json)
+                body = json.loads(spec.system_json)
             except json.JSONDecodeError as e:
-                raise ValueError(f"Build: engine_config_json is not JSON ({e})") from None
-            if not isinstance(config, dict) or spec.timeout_seconds <= 0:
-                raise ValueError("Build: engine_config_json must be an object and timeout_seconds positive")
-            proc = self.workers.start({"config": config, "patch": patch, "base_rev": spec.base_rev or None},
-                                      self.device, spec.timeout_seconds)
+                raise ValueError(f"Build: system_json is not JSON ({e})") from None
+            if spec.timeout_seconds <= 0:
+                raise ValueError("Build: timeout_seconds must be positive")
+            if isinstance(body, dict) and "engine" in body:
+                body = {**body, "patch": patch, "base_rev": spec.base_rev or None}
+            elif patch.strip():
+                raise ValueError("Build: a server system carries no patch")
+            proc = self.workers.start(parse_system(body, "Build: system_json"), self.device, spec.timeout_seconds)
             system_id = uuid.uuid4().hex
             with self.lock:
                 self.systems[system_id] = (proc, time.monotonic())

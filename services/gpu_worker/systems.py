@@ -8,9 +8,11 @@ embedded mode (the controller gets `LocalWorkers` injected) and the gRPC server 
   device)` builds the system's code when it carries a patch (a worktree of the engine's repository
   at the pinned revision, `build.py`) and starts its process on the device (`cpu:N` pins a core);
   `code_tree` names the git tree of a system's code (the memory's reproduce check compares it).
+- `ServerProcess`: a server system (a serving process with an HTTP API) launched on a device,
+  with the same calls.
 
-Imports only the standard library, `specpilot.gitrun` / `specpilot.patches` and this service:
-the gRPC GPU worker runs where only torch, grpcio, protobuf and prometheus-client are installed.
+Imports only the standard library, `specpilot.gitrun` / `specpilot.patches` /
+`specpilot.systemspec` and this service: the gRPC GPU worker runs where only torch, grpcio, protobuf and prometheus-client are installed.
 """
 
 from __future__ import annotations
@@ -26,11 +28,15 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
 from specpilot import gitrun
 from specpilot.devices import device_list
+from specpilot.systemspec import EngineSystem, ServerSystem, SystemSpec
 
 from .build import BuildError, build_worktree, remove_worktree
 
@@ -39,16 +45,15 @@ ZYGOTE_MODULE = "specpilot.services.gpu_worker.zygote"
 
 
 class SystemProcess:
-    """A handle on one system in its own process; every call answers within `timeout` or raises."""
+    """A handle on one engine system in its own process; every call answers within `timeout` or
+    raises. `root`: a built worktree, where the child loads the engine's code from."""
 
-    def __init__(self, engine: dict, device: str, timeout: float, on_close=None):
+    def __init__(self, engine: dict, device: str, timeout: float, on_close=None, root: str | None = None):
         self.timeout, self.device, self._on_close = timeout, device, on_close
         self.acceptance = None  # of the last generate
         self.log = tempfile.TemporaryFile(mode="w+")
         self._lock = threading.Lock()
-        engine = dict(engine)
-        root = engine.pop("root", None)  # a built worktree: the child loads the engine's code from there
-        spec = {"engine": engine, "device": device, **({"root": str(root)} if root else {})}
+        spec = {"engine": dict(engine), "device": device, **({"root": str(root)} if root else {})}
         self.proc = ZYGOTE.spawn(json.dumps(spec), self.log)
         reply = self._read("start")
         if "error" in reply:  # the child answered instead of loading the system
@@ -86,6 +91,10 @@ class SystemProcess:
         self.acceptance = reply.get("acceptance")  # target passes and tokens accepted per drafted position
         return reply["outputs"], reply["prompt_ids"]
 
+    def encode(self, requests: list[dict]) -> list[list[int]]:
+        """The prompt ids of the requests, as the system's target tokenizes them."""
+        return self.call({"encode": requests}, "encode")["prompt_ids"]
+
     def score(self, prompt_ids, tokens) -> SimpleNamespace:
         """Teacher-forced scores (the system's target, float32 head) of one output."""
         reply = self.call({"score": [{"prompt_ids": list(prompt_ids), "tokens": list(tokens)}]}, "score")
@@ -105,6 +114,142 @@ class SystemProcess:
         if self._on_close is not None:
             on_close, self._on_close = self._on_close, None
             on_close()
+
+
+class ServerProcess:
+    """A server system (SGLang, vLLM, `specpilot serve engine`) on one device, with the calls of
+    `SystemProcess`. The worker launches the server's command in a process group of its own — the
+    GPU it was given made the only visible one (`CUDA_VISIBLE_DEVICES`), or on `cpu:N` pinned to
+    that core with one thread — waits for `GET /health` within the system's `ready_timeout`, and
+    kills the whole group on `close()`. `generate` sends each request greedily as token ids
+    (`batch` in flight at once) and returns the ids the server sent back. Prompts are tokenized, and
+    outputs scored, by the served target in AR (`reference`), started beside it on first use."""
+
+    def __init__(self, spec: ServerSystem, device: str, timeout: float):
+        self.spec, self.device, self.timeout = spec, device, timeout
+        self.acceptance, self.proc, self._reference, self._ids = None, None, None, {}
+        self.log = tempfile.TemporaryFile(mode="w+")
+        port = free_port() if spec.launch else 0
+        self.url = spec.url.replace("{port}", str(port)).rstrip("/")
+        if spec.launch:
+            env, pin = {**os.environ, **spec.env}, None
+            if device.startswith("cuda"):
+                env.setdefault("CUDA_VISIBLE_DEVICES", device.split(":")[1] if ":" in device else "0")
+            elif device.startswith("cpu:"):
+                core = int(device.split(":")[1])
+                env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+                pin = lambda: os.sched_setaffinity(0, {core})  # noqa: E731
+            seen = "cuda:0" if device.startswith("cuda") else "cpu"
+            try:
+                self.proc = subprocess.Popen(spec.argv(port, seen), env=env, stdin=subprocess.DEVNULL, stdout=self.log,
+                                             stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=pin)
+            except OSError as e:
+                raise RuntimeError(f"server on {device}: cannot start {spec.launch[0]!r} ({e})") from None
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.close()
+            raise
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.spec.ready_timeout
+        while True:
+            if self.proc is not None and self.proc.poll() is not None:
+                self.log.seek(0)
+                raise RuntimeError(f"server on {self.device} exited ({self.proc.returncode}) before it was ready: "
+                                   f"{last_error(self.log.read())}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except (OSError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server on {self.device}: {self.url}/health did not answer 200 within "
+                                   f"{self.spec.ready_timeout:.0f} s (raise the system's 'ready_timeout')")
+            time.sleep(0.2)
+
+    def reference(self) -> SystemProcess:
+        if self._reference is None:
+            if not self.spec.target:
+                raise ValueError("a server system needs 'target' (the checkpoint it serves) to tokenize and score")
+            self._reference = SystemProcess({"target": self.spec.target, "mode": "ar"}, self.device, self.timeout)
+        return self._reference
+
+    def prompt_ids(self, requests: list[dict]) -> list[list[int]]:
+        """Each request's prompt ids: its own, or its text tokenized by the target (once per request)."""
+        key = [json.dumps(r, sort_keys=True) for r in requests]
+        todo = [r for r, k in zip(requests, key) if k not in self._ids]
+        if todo:
+            for k, ids in zip([json.dumps(r, sort_keys=True) for r in todo], self.reference().encode(todo)):
+                self._ids[k] = ids
+        return [self._ids[k] for k in key]
+
+    def _post(self, path: str, body: dict) -> dict:
+        req = urllib.request.Request(self.url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            line = " ".join(e.read().decode("utf-8", "replace").split())[:300]
+            raise ValueError(f"server on {self.device}: {path} answered {e.code}: {line}") from None
+        except (OSError, ValueError) as e:
+            raise RuntimeError(f"server on {self.device}: {path} failed ({e})") from None
+
+    def _complete(self, ids: list[int], n: int) -> tuple[list[int], int]:
+        """(returned ids, verify steps when the server tells them) of one greedy request."""
+        if self.spec.api == "sglang":
+            r = self._post("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0}})
+            meta = r.get("meta_info") or {}
+            out = r.get("output_ids")
+            steps = meta.get("spec_verify_ct") or 0
+        else:
+            r = self._post("/v1/completions", {"model": self.spec.model, "prompt": ids, "max_tokens": n,
+                                               "temperature": 0, "return_token_ids": True})
+            out, steps = ((r.get("choices") or [{}])[0]).get("token_ids"), 0
+        if not isinstance(out, list) or not all(isinstance(t, int) for t in out):
+            raise ValueError(f"server on {self.device}: the reply carries no returned token ids "
+                             f"({'output_ids' if self.spec.api == 'sglang' else 'choices[0].token_ids'})")
+        return out, int(steps)
+
+    def generate(self, requests: list[dict], batch: int = 1) -> tuple[list[list[int]], list[list[int]]]:
+        ids = self.prompt_ids(requests)
+        limits = [int(r.get("max_new_tokens") or 256) for r in requests]
+        with ThreadPoolExecutor(batch) as pool:  # `batch` requests in flight, as a busy server sees them
+            done = list(pool.map(self._complete, ids, limits))
+        self.acceptance = {"steps": sum(s for _, s in done), "accepted": []}  # per position: not told by servers
+        return [o for o, _ in done], ids
+
+    def score(self, prompt_ids, tokens) -> SimpleNamespace:
+        return self.reference().score(prompt_ids, tokens)
+
+    def profile(self, spec: dict) -> dict:
+        raise ValueError("a server system has no cost-model profile (its steps run inside the server); "
+                         "its settings are judged by timing alone")
+
+    def alive(self) -> bool:
+        return self.proc is None or self.proc.poll() is None
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    self.proc.wait(wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        if self._reference is not None:
+            self._reference.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class Forked:
@@ -211,9 +356,8 @@ def code_tree(repo: Path | str, base_rev: str, patch: str) -> str:
 
 class LocalWorkers:
     """The GPU worker interface on this machine's devices (the embedded mode; the gRPC server's core).
-
-    A system is {"config": EngineConfig fields, "patch": unified diff ("" = none), "base_rev": the
-    pinned engine revision the patch applies to}."""
+    A system is a `specpilot.systemspec` EngineSystem (built here when it carries a patch) or
+    ServerSystem (launched here: `ServerProcess`)."""
 
     kind = "local"
 
@@ -223,17 +367,19 @@ class LocalWorkers:
     def devices(self, dep: dict) -> list[str]:
         return device_list(dep["devices"])
 
-    def start(self, system: dict, device: str, timeout: float) -> SystemProcess:
-        engine, patch, on_close = dict(system["config"]), system.get("patch", ""), None
-        if patch.strip():
-            if self.repo is None or not system.get("base_rev"):
+    def start(self, system: SystemSpec, device: str, timeout: float) -> SystemProcess | ServerProcess:
+        if isinstance(system, ServerSystem):
+            return ServerProcess(system, device, timeout)
+        on_close, root = None, system.root
+        if system.patch.strip():
+            if self.repo is None or not system.base_rev:
                 raise BuildError("a system with a patch needs the engine's git repository and a base revision")
             dest = Path(tempfile.mkdtemp(prefix="specpilot-system-")) / "wt"
-            build_worktree(self.repo, system["base_rev"], patch, dest)
-            engine["root"] = str(dest)
+            build_worktree(self.repo, system.base_rev, system.patch, dest)
+            root = str(dest)
             on_close = lambda: remove_worktree(self.repo, dest)  # noqa: E731
         try:
-            return SystemProcess(engine, device, timeout, on_close)
+            return SystemProcess(system.config, device, timeout, on_close, root)
         except BaseException:
             if on_close:
                 on_close()

@@ -3,8 +3,10 @@
 Every seed entry has an empty delta: each is a switch of a mechanism already in the stock engine
 code (stock = `EngineConfig` with every mechanism off), so stock + the entry reproduces stock's
 code exactly. Variants are named option sets of `EngineConfig` fields (`mode`, `tree`,
-`draft_len`, and `drafter` named by kind — `kind:block_markov` — never by path); all mechanisms are greedy and lossless, so each contract is token forcing with
-`output_may_differ = False`.
+`draft_len`, and `drafter` named by kind — `kind:block_markov` — never by path), or, for the
+`server-*` entries, a serving program's flags (`server_args`, for `server_program`: SGLang, vLLM,
+our engine served) that apply to a server stock; all mechanisms are greedy and lossless, so each
+contract is token forcing with `output_may_differ = False`.
 
 Requirements. The speculation mechanisms require nothing: they are independent switches of the one
 engine: a tree policy does not need a different draft length to run (it sets its own `draft_len`),
@@ -36,6 +38,17 @@ HOPPER = ["h100-sxm", "h200"]  # the W12 GEMM and the INT8 head kernel are Trito
 CUDA = [*HOPPER, "rtx-pro-6000"]
 _DRAFTER = ("needs a drafter in the deployment (EngineConfig.drafter: a checkpoint folder or 'ngram'); "
             "the entry does not name one")
+
+
+_SERVER = ("a server system's flags (server_args), for the serving program server_program: applies only to a "
+           "server stock; untested here against SGLang and vLLM themselves (no wheel of theirs runs on the test "
+           "machines), tested with `specpilot serve engine`")
+
+
+def _sglang(steps: int, topk: int, tokens: int) -> dict:
+    return {"server_program": "sglang", "server_args": {"--speculative-num-steps": steps,
+                                                        "--speculative-eagle-topk": topk,
+                                                        "--speculative-num-draft-tokens": tokens}}
 
 
 def _tree(policy: str, draft_len: int = 16) -> dict:
@@ -74,6 +87,44 @@ def seed_entries() -> list[Entry]:
                 "mode the chain follows them (each later position: the best child of the previous pick)",
                 _BATCH,
             ),
+        ),
+        Entry(
+            id="server-sglang-eagle",
+            version=1,
+            title="SGLang server: EAGLE speculative settings (--speculative-num-steps / -eagle-topk / "
+                  "-num-draft-tokens)",
+            variants={
+                "steps3-topk1-tokens4": _sglang(3, 1, 4),
+                "steps5-topk4-tokens8": _sglang(5, 4, 8),
+                "steps7-topk8-tokens32": _sglang(7, 8, 32),
+            },
+            contract=LOSSLESS,
+            unverified=(_SERVER, "needs a server stock launched with --speculative-algorithm EAGLE or EAGLE3 and "
+                        "its drafter (--speculative-draft-model-path)"),
+        ),
+        Entry(
+            id="server-specpilot-engine",
+            version=1,
+            title="SpecPilot's engine served (`specpilot serve engine`): draft length and tree policy flags",
+            variants={
+                "chain-d4": {"server_program": "specpilot", "server_args": {"--mode": "chain", "--draft-len": 4}},
+                "chain-d16": {"server_program": "specpilot", "server_args": {"--mode": "chain", "--draft-len": 16}},
+                "best-first-n16": {"server_program": "specpilot",
+                                   "server_args": {"--mode": "tree", "--tree": "best-first:16"}},
+            },
+            contract=LOSSLESS,
+            unverified=(_SERVER, "needs a server stock launched with --drafter"),
+        ),
+        Entry(
+            id="server-vllm-speculative",
+            version=1,
+            title="vLLM server: number of speculative tokens (--speculative-config num_speculative_tokens)",
+            variants={f"k{k}": {"server_program": "vllm", "server_args": {"--speculative-config":
+                                                                           {"num_speculative_tokens": k}}}
+                      for k in (2, 3, 5)},
+            contract=LOSSLESS,
+            unverified=(_SERVER, "needs a server stock whose args hold --speculative-config as an object (its method "
+                        "and drafter model): the variant merges its keys into it"),
         ),
         Entry(
             id="tree-best-first",

@@ -10,6 +10,12 @@ most of a step at one request; no option attacks the time off the profile (that 
 command agent). The agent takes the round's direction first; when no variant attacks it, the
 next-largest factor that has some.
 
+A server incumbent (`specpilot.systemspec`: SGLang, vLLM, `specpilot serve engine`) takes only the
+variants that carry `server_args` for its program (`server_program`): its speculative settings,
+which attack the "server" factor; no replay or cost model predicts them (the server runs its steps
+inside), so timing alone ranks them. Engine settings do not apply to it, nor server flags to our
+engine.
+
 A deployment without a drafter decodes AR: its incumbent has no drafter and no draft length. A
 speculation variant is then a system only where it brings its drafter (`kind:X`, mapped through
 `drafters`): a chain or tree variant that leaves the system without one is skipped with the reason.
@@ -28,11 +34,13 @@ from __future__ import annotations
 
 import json
 
+from specpilot.systemspec import is_server, server_program, with_options
+
 from .agents import Candidate, Context
 
 TREE_OPTIONS = frozenset({"mode", "tree", "draft_len", "drafter"})
 KERNEL_OPTIONS = frozenset({"weights", "lm_head", "driver"})
-FACTOR_OF_DIRECTION = {"tree": "tree", "off-profile": "off_profile"}  # "kernel:<class>" -> "kernels"
+FACTOR_OF_DIRECTION = {"tree": "tree", "off-profile": "off_profile", "server": "server"}  # "kernel:<class>" -> "kernels"
 
 
 def direction_factor(direction: str) -> str:
@@ -60,6 +68,19 @@ def step_cost_at(rows: int, budgets: list[dict]) -> float:
     return max(c0 + (c1 - c0) * (rows - r0) / (r1 - r0), 1e-9)
 
 
+def server_mismatch(incumbent: dict, opts: dict) -> str | None:
+    """Why a variant does not apply to the incumbent (None: it does): a server's flags on our
+    engine, an engine setting on a server, or flags of another serving program."""
+    if "server_args" not in opts:
+        return "an engine setting; the incumbent is a server system" if is_server(incumbent) else None
+    if not is_server(incumbent):
+        return "a server's flags; the incumbent is our engine"
+    want, have = opts.get("server_program"), server_program(incumbent)
+    if want and want != have:
+        return f"flags of {want}; the incumbent server runs {have or 'a program this cannot tell'}"
+    return None
+
+
 def policy_of(options: dict) -> str:
     return options["tree"] if options.get("mode") == "tree" else "chain"
 
@@ -80,6 +101,18 @@ class SearchAgent:
             for variant, opts in sorted(entry.get("variants", {}).items()):
                 name = f"{entry['id']}/{variant}"
                 opts = dict(opts)
+                why = server_mismatch(ctx.incumbent, opts)
+                if why:
+                    skipped.append({"name": name, "reason": why})
+                    continue
+                if is_server(ctx.incumbent):
+                    system = with_options(ctx.incumbent, opts)
+                    if system == ctx.incumbent:
+                        skipped.append({"name": name, "reason": "the incumbent already runs it"})
+                        continue
+                    out.append(("server", Candidate(name=name, agent=self.name, options=opts, entry=key,
+                                                    variant=variant, rationale=entry.get("title", ""))))
+                    continue
                 if str(opts.get("drafter", "")).startswith("kind:"):
                     kind = opts["drafter"][len("kind:"):]
                     if kind not in drafters:
@@ -121,7 +154,7 @@ class SearchAgent:
         cands, skipped = self._instantiate(ctx)
         seen: dict[str, str] = {}  # one candidate per distinct system: the one with the fewest options
         for factor, c in sorted(cands, key=lambda fc: (len(fc[1].options), fc[1].name)):
-            key = json.dumps({**ctx.incumbent, **c.options}, sort_keys=True)
+            key = json.dumps(with_options(ctx.incumbent, c.options), sort_keys=True)
             if key in seen:
                 skipped.append({"name": c.name, "reason": f"the same system as {seen[key]}"})
             else:

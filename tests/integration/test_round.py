@@ -74,7 +74,7 @@ def test_a_round_measures_proposes_judges_stores_and_reports(tmp_path):
         v = json.loads(Path(c["verdict"]["path"]).read_text())
         assert (v["gain"], v["accepted"]) == (c["verdict"]["gain"], c["verdict"]["accepted"])
         assert v["forcing"]["passed"]  # every built-in mechanism is lossless
-        assert v["candidate"]["config"] == {**rec["incumbent"]["config"], **c["options"]}
+        assert v["candidate"]["engine"] == {**rec["incumbent"]["config"], **c["options"]}
         assert v["key"] == f"micro-small/round-1/{c['name']}"
     with Store(f"sqlite:///{tmp_path / 'memory.db'}") as store:
         for a in rec["accepted"]:
@@ -181,7 +181,7 @@ def test_an_accepted_candidate_is_sealed_stored_and_becomes_the_incumbent(tmp_pa
     assert cand["error"] is None and cand["verdict"]["accepted"], cand["verdict"]
     v = json.loads(Path(cand["verdict"]["path"]).read_text())
     assert v["accepted"] and v["forcing"]["passed"] and not v["outputs_differ"]
-    assert v["candidate"]["config"]["defect"] is None and v["incumbent"]["config"]["defect"] == "slowdown:6"
+    assert v["candidate"]["engine"]["defect"] is None and v["incumbent"]["engine"]["defect"] == "slowdown:6"
     assert v["lower_bound"] - 1 > v["threshold"] and v["gain"] > 2
     (acc,) = rec["accepted"]
     assert acc["candidate"] == "unslowed" and acc["verdict_id"] == cand["verdict"]["id"]
@@ -264,7 +264,7 @@ def test_a_round_on_a_deployment_without_a_drafter_profiles_ar_judges_the_weight
         assert c["error"] is None and c["verdict"], (c["name"], c["error"])
         v = json.loads(Path(c["verdict"]["path"]).read_text())
         assert v["forcing"]["passed"] and not v["outputs_differ"]
-        assert v["candidate"]["config"] == {**stock, **c["options"]} and v["incumbent"]["config"] == stock
+        assert v["candidate"]["engine"] == {**stock, **c["options"]} and v["incumbent"]["engine"] == stock
     final = summary["final"]  # over stock and over AR are one comparison here
     assert final["speedup_over_ar"]["note"] == round_module.AR_STOCK_NOTE
     assert {k: final["speedup_over_ar"][k] for k in ("gain", "lower_bound")} == final["speedup_over_stock"]
@@ -281,7 +281,7 @@ def test_the_final_system_is_timed_once_when_stock_is_ar(tmp_path, monkeypatch, 
     timed = []
 
     def fake_run_pair(cand, other, *args, **kwargs):
-        timed.append(other["config"]["mode"])
+        timed.append(other.config["mode"])
         return {"samples": [round_module.stats.PairedSample("w", 1, s, 120.0 + r, 100.0, r)
                             for r in range(2) for s in (0, 1)]}
 

@@ -14,6 +14,7 @@ from specpilot.services.memory_api.entries import Entry, Requirement
 from specpilot.services.memory_api.graph import resolve
 from specpilot.services.memory_api.porting import port
 from specpilot.services.memory_api.seed import seed_catalog, seed_entries
+from specpilot.systemspec import parse_system, server_program, with_options
 
 SEED = seed_entries()
 FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
@@ -58,7 +59,21 @@ def test_no_invented_requirements():
     assert all(v.get("driver") == "static" for v in next(e for e in SEED if e.id == "weights-w12").variants.values())
 
 
-@pytest.mark.parametrize("entry", SEED, ids=lambda e: e.key)
+ENGINE_SEED = [e for e in SEED if not e.id.startswith("server-")]
+
+
+@pytest.mark.parametrize("entry", [e for e in SEED if e.id.startswith("server-")], ids=lambda e: e.key)
+def test_server_variants_are_flags_of_their_program(entry: Entry):
+    program = entry.id.split("-")[1]
+    incumbent = {"server": {"url": "http://127.0.0.1:{port}", "launch": [program, "serve"], "args": {}}}
+    assert program == server_program(incumbent)
+    for name, opts in entry.variants.items():
+        assert set(opts) == {"server_program", "server_args"} and opts["server_program"] == program, name
+        assert opts["server_args"] and all(f.startswith("--") for f in opts["server_args"]), name
+        parse_system(with_options(incumbent, opts))  # a valid server system
+
+
+@pytest.mark.parametrize("entry", ENGINE_SEED, ids=lambda e: e.key)
 def test_variants_are_engine_config_options(entry: Entry):
     for name, opts in entry.variants.items():
         unknown = set(opts) - FIELDS

@@ -14,6 +14,7 @@ from specpilot.cli import main
 from specpilot.engine.checkpoint import save_model
 from specpilot.engine.drafters import save_drafter
 from specpilot.engine.synthetic import random_drafter_net, random_model, tiny_config
+from specpilot.systemspec import EngineSystem
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +201,7 @@ def test_a_target_broken_inside_a_worker_is_one_clean_line(pair, tmp_path):
 
     bad = broken_copy(pair / "target", tmp_path / "bad", intermediate_size="wide")
     with pytest.raises(RuntimeError) as e:
-        LocalWorkers().start({"config": {"target": str(bad), "mode": "ar"}, "patch": ""}, "cpu", 120)
+        LocalWorkers().start(EngineSystem({"target": str(bad), "mode": "ar"}), "cpu", 120)
     msg = str(e.value)
     assert "\n" not in msg and "Traceback" not in msg
     assert "config.json" in msg and "intermediate_size" in msg and "'wide'" in msg
