@@ -237,12 +237,19 @@ def cmd_pair(args) -> int:
     from specpilot.services.controller.pairing import judge, system, write_verdict
     from specpilot.services.gpu_worker.systems import LocalWorkers
 
+    from specpilot.systemspec import parse_system
+
     example = '{"target": "DIR", "drafter": "DIR", "mode": "chain"}'
 
     def config(path):
         cfg = read_json_file(path, f"a JSON object of EngineConfig fields, e.g. {example}, or generate --json output")
         if isinstance(cfg, dict) and isinstance(cfg.get("config"), dict) and "outputs" in cfg:
             cfg = cfg["config"]  # `generate --json` output names the system it ran
+        if isinstance(cfg, dict) and "server" in cfg:  # a server system: checked as such, its target's vocabulary
+            spec = parse_system(cfg, str(path))
+            if spec.target:
+                vocab[spec.target] = check_system(spec.target, None).vocab_size
+            return cfg
         try:
             if not isinstance(cfg, dict):
                 raise TypeError("not a JSON object")
@@ -266,6 +273,8 @@ def cmd_pair(args) -> int:
     if args.batch < 1:
         raise ValueError(f"--batch {args.batch}: expected 1 or more requests decoded at once")
     cand, inc = config(args.candidate), config(args.incumbent)
+    if not args.stock and "server" in inc:
+        raise ValueError(f"{args.incumbent} is a server system: give --stock (what token forcing compares against)")
     stock = config(args.stock) if args.stock else {**inc, "mode": "chain"}
     reqs = [{k: v for k, v in {"id": r.id, "prompt": r.prompt, "prompt_ids": list(r.prompt_ids) if r.prompt_ids
              else None, "max_new_tokens": r.max_new_tokens}.items() if v is not None} for r in read_requests(args.workload)]
@@ -381,7 +390,7 @@ def demo_headline(out: dict, store: str, custom_store: bool) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from specpilot import costmodel_cli, force_cli, memory_cli, round_cli, stack_cli, w12_cli
+    from specpilot import costmodel_cli, engine_server_cli, force_cli, memory_cli, round_cli, stack_cli, w12_cli
     from specpilot.zoo import cli as zoo_cli
 
     parser = Parser(prog="specpilot", description=__doc__)
@@ -410,9 +419,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("pair", help="paired, swapped timing of two systems, each in its own process; a verdict")
     pr.add_argument("--candidate", required=True, metavar="CONFIG",
-                    help="JSON file of EngineConfig fields, or generate --json output (its config)")
+                    help="JSON file of EngineConfig fields, generate --json output (its config), or a server system "
+                         '{"server": {"launch": [...], "url": ..., "api": "sglang"|"openai", "target": DIR}}')
     pr.add_argument("--incumbent", required=True, metavar="CONFIG",
-                    help="JSON file of EngineConfig fields, or generate --json output (its config)")
+                    help="as --candidate")
     pr.add_argument("--stock", metavar="CONFIG", help="stock system for the noise run (default: the incumbent's "
                     "target and drafter, chain mode)")
     pr.add_argument("--workload", required=True, metavar="FILE.jsonl",
@@ -451,6 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     zoo_cli.register(sub)
     force_cli.register(sub)
     memory_cli.register(sub)
+    engine_server_cli.register(sub)  # adds `serve engine` to memory_cli's `serve`
     costmodel_cli.register(sub)
     round_cli.register(sub)
     stack_cli.register(sub)

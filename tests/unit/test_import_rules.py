@@ -28,7 +28,7 @@ ROOTS = {
     "specpilot.services": "services",
 }
 FOLDER_NAMES = ("engine", "kernels", "zoo", "services")
-SERVICES = ("controller", "planner", "gpu_worker", "memory_api")
+SERVICES = ("controller", "planner", "gpu_worker", "memory_api", "engine_server")
 GPU_MACHINE_LACKS = ("fastapi", "pydantic", "starlette", "sqlalchemy", "alembic", "celery", "kombu", "redis",
                      "httpx", "uvicorn", "psycopg")
 
