@@ -1,6 +1,6 @@
 """Batched decoding through the path users run (`Engine.generate_batch` → the static driver's lanes
 and, on CUDA, its captured step): total output tokens per second at each batch size, AR and the
-n-gram chain, on a random bf16 model of the zoo small dense shape (hidden 512, 8 layers, vocab
+n-gram chain and a (random) block drafter on the device, on a random bf16 model of the zoo small dense shape (hidden 512, 8 layers, vocab
 16384). Every batch size decodes the same prompts to the same token limit; the result also says
 how many requests' tokens equal their batch-1 tokens (bf16: GEMMs over more rows may round
 differently — lossless is judged in float64 by the tests, here only reported).
@@ -25,8 +25,9 @@ import torch
 
 from specpilot.engine.checkpoint import save_model
 from specpilot.engine.config import ModelConfig
+from specpilot.engine.drafters import save_drafter
 from specpilot.engine.engine import Engine, EngineConfig
-from specpilot.engine.synthetic import random_model
+from specpilot.engine.synthetic import random_drafter_net, random_model
 from specpilot.zoo.workloads import Request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -44,7 +45,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--modes", default="ar,chain")
+    ap.add_argument("--modes", default="ar,chain,block", help="ar | chain (the n-gram drafter) | block (a random "
+                    "block drafter on the device)")
     a = ap.parse_args(argv)
     batches = [int(b) for b in a.batches.split(",")]
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -57,8 +59,10 @@ def main(argv=None) -> int:
            "new_tokens": a.new_tokens, "runs": []}
     with tempfile.TemporaryDirectory() as tmp:
         save_model(random_model(ModelConfig(**SMALL_DENSE), seed=0, dtype=torch.bfloat16), tmp)
+        save_drafter(random_drafter_net("block", ModelConfig(**SMALL_DENSE), seed=0), f"{tmp}/block", torch.bfloat16)
         for mode in a.modes.split(","):
-            eng = Engine(EngineConfig(target=tmp, drafter=None if mode == "ar" else "ngram", mode=mode, draft_len=8,
+            drafter = {"ar": None, "chain": "ngram", "block": f"{tmp}/block"}[mode]
+            eng = Engine(EngineConfig(target=tmp, drafter=drafter, mode="ar" if mode == "ar" else "chain", draft_len=8,
                                       dtype="bfloat16", device=dev, max_new_tokens=a.new_tokens))
             ref = None
             for b in batches:

@@ -174,7 +174,7 @@ class Engine:
         if self.cfg.driver == "eager":
             raise ValueError("driver 'eager' decodes one request at a time; batched decoding runs the static "
                              "driver (use driver 'auto' or 'static')")
-        why = fast.unsupported(self.drafter, self.policy) or fast.batch_unsupported(self.drafter)
+        why = fast.unsupported(self.drafter, self.policy)
         if why:
             raise ValueError(f"batch {batch}: batched decoding cannot run {why}; use batch 1")
         if not requests:

@@ -50,109 +50,121 @@ def _lattice(logits: torch.Tensor):
 
 
 class _FeatureDraft:
-    """A feature drafter (sequential / block / block + Markov) on static buffers."""
+    """A feature drafter (sequential / block / block + Markov) on static buffers, one lane per
+    request of the decoder (its cache, last hidden row, next logits and pointer keys per lane)."""
 
-    def __init__(self, d: FeatureDrafter, m: int, max_len: int):
+    def __init__(self, d: FeatureDrafter, m: int, max_len: int, lanes: int = 1):
         self.net, self.kind, self.emb, self.head, self.m = d.net, d.kind, d.emb, d.head, m
         self.transitions = d.transitions
         self.body = d.net.cfg.body()
         dev, dt = self.head.device, self.head.dtype
-        self.cache = StaticCache(self.body, max_len, dev, dt)
-        self.hidden = torch.zeros(1, 1, self.body.hidden_size, device=dev, dtype=dt)
-        self.logits = torch.zeros(d.net.cfg.vocab_size, device=dev, dtype=dt)  # target ids, whatever the head's rows
+        self.cache = StaticCache(self.body, max_len, dev, dt, lanes)
+        self.hidden = torch.zeros(lanes, 1, self.body.hidden_size, device=dev, dtype=dt)
+        self.logits = torch.zeros(lanes, d.net.cfg.vocab_size, device=dev, dtype=dt)  # target ids, whatever the head
         self.copy = d.net.cfg.copy_head
         if self.copy:  # every context row's pointer key and every position's token, by position
-            self.keys = torch.zeros(max_len, d.net.cfg.head_dim, device=dev, dtype=dt)
-            self.tokens = torch.zeros(max_len + 2, dtype=torch.long, device=dev)
+            self.keys = torch.zeros(lanes, max_len, d.net.cfg.head_dim, device=dev, dtype=dt)
+            self.tokens = torch.zeros(lanes, max_len + 2, dtype=torch.long, device=dev)
 
     def _layers(self, x):
         pos = self.cache.ctx.positions
         h, _ = run_layers(self.body, self.net.layers, x, self.cache, 0, pos, None,
                           rope_tables(self.net.inv_freq, pos, x.dtype))
-        return h[0]  # pre-norm hidden [n, H]
+        return h  # pre-norm hidden [lanes, n, H]
 
-    def _read(self, nxt, feats, n: int):
-        """Context rows for n committed positions (from `length`): their next tokens and target features."""
-        self.cache.plan(n, commit_all=True)
-        h = self._layers(self.net.rows(nxt[None], self.net.fc_feat(feats.to(self.head.dtype))[None], self.emb))
+    def _read(self, nxt, feats, lane: int | None = None):
+        """Context rows for the next committed positions of every lane (or of `lane`): their next
+        tokens [B, n] and target features [B, n, F]."""
+        n = nxt.shape[1]
+        self.cache.plan(n, commit_all=True, lane=lane)
+        h = self._layers(self.net.rows(nxt, self.net.fc_feat(feats.to(self.head.dtype)), self.emb))
         if self.copy:
-            at = self.cache.length + torch.arange(n, device=h.device)
-            self.keys.index_copy_(0, at, self.net.copy_key(h))
-            self.tokens.index_copy_(0, at + 1, nxt)
+            sel = slice(None) if lane is None else slice(lane, lane + 1)
+            at = self.cache.lengths[sel, None] + torch.arange(n, device=h.device)  # [B, n]
+            keys = self.net.copy_key(h)
+            self.keys[sel].scatter_(1, at[..., None].expand(-1, -1, keys.shape[-1]), keys)
+            self.tokens[sel].scatter_(1, at + 1, nxt)
         return h
 
-    def _keep(self, last):
-        self.hidden.copy_(last.view(1, 1, -1))
-        self.logits.copy_(self.net.logits(last.view(1, -1), self.head)[0])
+    def _keep(self, last, lane: int | None = None):
+        """The last context row [B, H] of every lane (or of `lane`) and its next logits."""
+        sel = slice(None) if lane is None else slice(lane, lane + 1)
+        self.hidden[sel] = last[:, None]
+        self.logits[sel] = self.net.logits(last, self.head)
 
-    def prefill(self, prompt_ids, first, feats):
-        self.cache.reset()
+    def prefill(self, prompt_ids, first, feats, lane: int = 0):
+        self.cache.reset(lane)
         nxt = torch.cat((prompt_ids[1:], first.view(1)))
         if self.copy:
-            self.tokens[0] = prompt_ids[0]
-        self._keep(self._read(nxt, feats, len(nxt))[-1])
-        self.cache.length.fill_(len(nxt))
+            self.tokens[lane, 0] = prompt_ids[0]
+        self._keep(self._read(nxt[None], feats[None], lane)[:, -1], lane)
+        self.cache.lengths[lane] = len(nxt)
 
     def observe(self, path_tokens, nxt, feats, tau):
-        h = self._read(nxt, feats, nxt.shape[0])
-        self._keep(h.index_select(0, tau.view(1) - 1))
-        self.cache.length += tau
+        """Every lane's accepted path: next tokens [B, D], features [B, D, F], τ [B] (0: idle)."""
+        h = self._read(nxt, feats)
+        last = (tau - 1).clamp_min(0)[:, None, None].expand(-1, 1, h.shape[-1])
+        self._keep(h.gather(1, last)[:, 0])
+        self.cache.lengths += tau
 
     def propose(self, root):
+        """Every lane's lattice from its roots [B]: tokens and scores [B, m, k], transitions or None."""
         net, m = self.net, self.m
         if self.kind == "sequential":
             rows, hidden = [self.logits], self.hidden
             for i in range(m - 1):
                 self.cache.plan(1, offset=i)
-                h = self._layers(net.rows(rows[-1].argmax().view(1, 1), hidden, self.emb))
-                hidden = h.view(1, 1, -1)
-                rows.append(net.logits(h[-1], self.head))
-            return (*_lattice(torch.stack(rows)), None)
-        first, ptr = self.logits, None
+                hidden = self._layers(net.rows(rows[-1].argmax(-1)[:, None], hidden, self.emb))
+                rows.append(net.logits(hidden[:, -1], self.head))
+            return (*_lattice(torch.stack(rows, 1)), None)
+        first, ptrs = self.logits, None
         if self.kind == "block_markov":
-            first = net.markov_logits(first, root, self.emb)[0]
-        logits = first[None]
+            first = net.markov_logits(first, root, self.emb)
+        logits = first[:, None]
         if m > 1:
             self.cache.plan(m - 1, full=True)
-            lead = first.argmax().view(1)
+            lead = first.argmax(-1)
             h = self._layers(net.block_rows(lead, m - 1, self.emb))
             rest = mask_logits = F.linear(net.norm(h), self.head)
-            if self.copy:  # positions 2..m as log-probabilities with the copies mixed in
-                ptr = pointer(net, self.keys, self.tokens, self.hidden[0, 0], h, lead, self.cache.length - 1)
-                rest = with_copies(rest, pointer_copies(net, ptr))
-            logits = torch.cat((logits.to(rest.dtype), rest))
+            if self.copy:  # positions 2..m as log-probabilities with the copies mixed in, lane by lane
+                ptrs = [pointer(net, self.keys[b], self.tokens[b], self.hidden[b, 0], h[b], lead[b : b + 1],
+                                self.cache.lengths[b] - 1) for b in range(len(lead))]
+                rest = torch.stack([with_copies(rest[b], pointer_copies(net, p)) for b, p in enumerate(ptrs)])
+            logits = torch.cat((logits.to(rest.dtype), rest), 1)
         tok, logp = _lattice(logits)
         if not self.transitions or m == 1:
             return tok, logp, None
-        return tok, logp, block_transitions(net, mask_logits, tok[: m - 1], tok[1:m], self.emb, ptr)
+        return tok, logp, torch.stack([block_transitions(net, mask_logits[b], tok[b, : m - 1], tok[b, 1:m], self.emb,
+                                                         ptrs[b] if ptrs else None) for b in range(len(tok))])
 
 
 class _DraftLMDraft:
-    """A standalone draft LM on static buffers: greedy, one row per drafted position."""
+    """A standalone draft LM on static buffers: greedy, one row per drafted position, one cache
+    lane per request of the decoder."""
 
-    def __init__(self, d: DraftLM, m: int, max_len: int):
+    def __init__(self, d: DraftLM, m: int, max_len: int, lanes: int = 1):
         self.model, self.m = d.model.fuse(), m
-        self.cache = self.model.static_cache(max_len)
+        self.cache = self.model.static_cache(max_len, lanes)
 
-    def prefill(self, prompt_ids, first, feats):
-        self.cache.reset()
-        self.cache.plan(len(prompt_ids), commit_all=True)
+    def prefill(self, prompt_ids, first, feats, lane: int = 0):
+        self.cache.reset(lane)
+        self.cache.plan(len(prompt_ids), commit_all=True, lane=lane)
         self.model(prompt_ids[None], self.cache, logits=False)
-        self.cache.length.fill_(len(prompt_ids))
+        self.cache.lengths[lane] = len(prompt_ids)
 
     def observe(self, path_tokens, nxt, feats, tau):
-        self.cache.plan(path_tokens.shape[0], commit_all=True)
-        self.model(path_tokens[None], self.cache, logits=False)
-        self.cache.length += tau
+        self.cache.plan(path_tokens.shape[1], commit_all=True)
+        self.model(path_tokens, self.cache, logits=False)
+        self.cache.lengths += tau
 
     def propose(self, root):
-        tok, rows = root.view(1, 1), []
+        tok, rows = root[:, None], []
         for i in range(self.m):
             self.cache.plan(1, offset=i)
-            lg = self.model(tok, self.cache).logits[0, -1]
+            lg = self.model(tok, self.cache).logits[:, -1]
             rows.append(lg)
-            tok = lg.argmax().view(1, 1)
-        return (*_lattice(torch.stack(rows)), None)
+            tok = lg.argmax(-1)[:, None]
+        return (*_lattice(torch.stack(rows, 1)), None)
 
 
 def unsupported(drafter: Drafter | None, policy) -> str | None:
@@ -163,14 +175,6 @@ def unsupported(drafter: Drafter | None, policy) -> str | None:
         return f"a {drafter.kind} drafter that reads target features on the host"
     if not (policy is None or policy is trees.chain or isinstance(policy, trees.TreePolicy)):
         return f"the tree policy {getattr(policy, '__name__', type(policy).__name__)} (no static form)"
-    return None
-
-
-def batch_unsupported(drafter: Drafter | None) -> str | None:
-    """Why the static driver cannot decode this drafter over several lanes (None: it can): the
-    device drafters keep one request's state for now."""
-    if isinstance(drafter, (FeatureDrafter, DraftLM)):
-        return f"a {drafter.kind} device drafter (device drafters decode one request at a time for now)"
     return None
 
 
@@ -222,9 +226,6 @@ class FastDecoder:
                  logit_bias: torch.Tensor | None = None, lanes: int = 1):
         if lanes < 1:
             raise ValueError(f"lanes {lanes}: a decoder runs at least one request")
-        why = batch_unsupported(drafter) if lanes > 1 else None
-        if why:
-            raise ValueError(f"batched decoding (lanes {lanes}) cannot run {why}")
         with on_device(target.lm_head_weight.device):
             self._build(target, drafter, draft_len, policy, max_len, graphs, compile, logit_bias, lanes)
 
@@ -245,9 +246,9 @@ class FastDecoder:
                         torch.zeros(lanes, max(self.m - 1, 0), TOP_K, TOP_K, dtype=torch.float64, device=dev))
             side = max_len + self.m + 2
             if isinstance(drafter, FeatureDrafter):
-                self.device_draft, self.layers = _FeatureDraft(drafter, self.m, side), drafter.target_layers
+                self.device_draft, self.layers = _FeatureDraft(drafter, self.m, side, lanes), drafter.target_layers
             elif isinstance(drafter, DraftLM):
-                self.device_draft = _DraftLMDraft(drafter, self.m, side)
+                self.device_draft = _DraftLMDraft(drafter, self.m, side, lanes)
             else:  # a host drafter per lane: its state is one request's
                 self.hosts = [drafter] + [copy.deepcopy(drafter) for _ in range(lanes - 1)]
         self.host = self.hosts[0] if self.hosts else None
@@ -277,11 +278,11 @@ class FastDecoder:
         if self.drafter is None:
             z = torch.zeros(B, 1, dtype=torch.long, device=self.dev)
             return treeops.TreeRows(self.root[:, None], z, z, torch.ones(B, 1, dtype=torch.bool, device=self.dev))
-        if self.device_draft is not None:  # (one lane)
+        if self.device_draft is not None:
             tok, logp, trans = self.device_draft.propose(self.root)
-            self.lat[0][0].copy_(tok), self.lat[1][0].copy_(logp)
+            self.lat[0].copy_(tok), self.lat[1].copy_(logp)
             if trans is not None:
-                self.lat[2][0].copy_(trans)
+                self.lat[2].copy_(trans)
         else:  # a host drafter without transitions: a chain takes each position's top-1, no walk
             trans = self.lat[2] if self.host.transitions else None
         rows = [treeops.build(self.spec, self.root[b : b + 1], self.lat[0][b], self.lat[1][b],
@@ -305,11 +306,12 @@ class FastDecoder:
         bonus = argmax.gather(1, path.gather(1, (tau - 1).clamp_min(0)[:, None]))  # [lanes, 1]
         self.cache.commit(path, tau, compact=self.spec.kind != "chain")
         path_tokens = tree.tokens.gather(1, path)
-        if self.device_draft is not None:  # (one lane)
-            nxt = torch.cat((path_tokens[0, 1:], bonus[0]))
-            nxt = torch.where(torch.arange(self.path_len, device=self.dev) == tau[0] - 1, bonus[0], nxt)
-            feats = out.features[0].index_select(0, path[0]) if out.features is not None else None
-            self.device_draft.observe(path_tokens[0], nxt, feats, tau[0])
+        if self.device_draft is not None:  # each lane's next tokens: its path's, the bonus at τ
+            nxt = torch.cat((path_tokens[:, 1:], bonus), 1)
+            nxt = torch.where(torch.arange(self.path_len, device=self.dev) == tau[:, None] - 1, bonus, nxt)
+            feats = None if out.features is None else \
+                out.features.gather(1, path[..., None].expand(-1, -1, out.features.shape[-1]))
+            self.device_draft.observe(path_tokens, nxt, feats, tau)
         self.root.copy_(bonus[:, 0])
         self.out.copy_(torch.cat((tau[:, None], tree.valid.sum(1, keepdim=True) - 1, path_tokens, bonus), 1))
         self.rec = (tree, argmax)
@@ -351,7 +353,7 @@ class FastDecoder:
         self.root[lane : lane + 1] = first
         self.active[lane] = 1
         if self.device_draft is not None:
-            self.device_draft.prefill(ids, first, out.features[0] if out.features is not None else None)
+            self.device_draft.prefill(ids, first, out.features[0] if out.features is not None else None, lane)
         return first
 
     def _load(self, lat: Lattice, lane: int = 0) -> None:

@@ -10,7 +10,7 @@ import socket
 import sys
 
 DEFAULT_PORT = 8720
-DEFAULT_MAX_BATCH = 8  # where the engine batches (AR, the n-gram drafter); else 1
+DEFAULT_MAX_BATCH = 8  # where the engine batches (the static driver); else 1
 DEFAULT_MAX_NEW = 1024
 # the engine flags (dest, flag): given to another service they are refused
 ENGINE_FLAGS = (("target", "--target"), ("drafter", "--drafter"), ("mode", "--mode"), ("tree", "--tree"),
@@ -44,8 +44,7 @@ def register(subparsers) -> None:
     g.add_argument("--max-new-tokens", type=int, metavar="N",
                    help=f"the most new tokens one request may ask for (default {DEFAULT_MAX_NEW})")
     g.add_argument("--max-batch", type=int, metavar="N", help="requests decoded in one engine call (continuous "
-                   f"batching; default {DEFAULT_MAX_BATCH} where the engine batches, AR and the n-gram drafter, "
-                   "else 1)")
+                   f"batching; default {DEFAULT_MAX_BATCH} where the engine batches (the static driver), else 1)")
     g.add_argument("--weights", choices=("bf16", "w12"), help="the target's layer weights (default bf16)")
     g.add_argument("--lm-head", choices=("bf16", "w12", "certified"), help="the target's LM head (default bf16)")
     g.add_argument("--driver", choices=("auto", "static", "eager"), help="default auto")

@@ -110,10 +110,6 @@ def load_deployment(source: str | Path | dict, base: Path | None = None) -> dict
                               f"'prompts' is {dep['prompts']}")
     if dep["stock"] is not None:
         dep["stock"] = server_stock(dep["stock"], dep["target"], folder)
-    if batch_sizes(dep) != [1] and dep["drafter"] not in (None, "ngram") and dep["stock"] is None:  # stock must run at every batch size
-        raise DeploymentError(f"deployment: batch {dep['batch']} with drafter {dep['drafter']}: batched decoding runs "
-                              "AR and the n-gram drafter for now (device drafters decode one request at a time); "
-                              "use batch 1, or drafter 'ngram' or none")
     if dep["repeats"] < 2:
         raise DeploymentError("deployment: repeats must be at least 2 (the bound is a t-interval over repeats)")
     device_list(dep["devices"])

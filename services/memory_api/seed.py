@@ -33,7 +33,7 @@ from .entries import Contract, Entry, Requirement
 
 MARKOV = "kind:block_markov"  # a drafter named by kind, resolved against the deployment's drafters
 LOSSLESS = Contract(rule="token_forcing", output_may_differ=False, options={})
-_BATCH = "measured only at batch 1 (batched decoding runs AR and the n-gram drafter; device drafters one request at a time)"
+_BATCH = "no evidence at batch > 1 yet (every lane verifies the same rows: the batch's row selection is not built)"
 HOPPER = ["h100-sxm", "h200"]  # the W12 GEMM and the INT8 head kernel are Triton kernels built for sm_90
 CUDA = [*HOPPER, "rtx-pro-6000"]
 _DRAFTER = ("needs a drafter in the deployment (EngineConfig.drafter: a checkpoint folder or 'ngram'); "

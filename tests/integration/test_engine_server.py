@@ -298,9 +298,10 @@ def test_server_info_and_models(clients):
     assert clients["ar"].get("/v1/models").json()["data"][0]["id"] == "dense"
 
 
-def test_create_app_refuses_a_batch_the_engine_cannot_decode(engines):
-    with pytest.raises(ValueError, match="device drafters decode one request at a time"):
-        create_app(engines["chain"], max_batch=2)
+def test_create_app_refuses_a_batch_the_engine_cannot_decode():
+    eager = Engine(EngineConfig(target=str(TARGET), dtype="float64", driver="eager", **SYSTEMS["chain"]))
+    with pytest.raises(ValueError, match="driver 'eager' decodes one request at a time"):
+        create_app(eager, max_batch=2)
 
 
 def test_parsing_is_pure():
@@ -333,7 +334,7 @@ def test_cli_refuses_bad_arguments_on_one_line(tmp_path, capsys):
     assert main(["serve", "engine", "--target", str(corrupt), "--json"]) == 2
     out = json.loads(capsys.readouterr().out)
     assert "model.safetensors" in out["error"] and out["command"] == "serve"
-    for argv, words in [(["--drafter", str(BLOCK), "--max-batch", "2"], "device drafters decode one request"),
+    for argv, words in [(["--drafter", str(BLOCK), "--driver", "eager", "--max-batch", "2"], "driver 'eager'"),
                         (["--max-batch", "0"], "--max-batch 0"), (["--port", "70000"], "--port 70000"),
                         (["--tree", "best-first:4"], "--tree best-first:4 applies only to --mode tree"),
                         (["--store", "sqlite://"], "--store applies")]:
@@ -361,7 +362,7 @@ def test_the_command_serves_over_http(engines):
         assert line, proc.stderr.read()
         ready = json.loads(line)
         url = ready["url"]
-        assert ready["mode"] == "chain" and ready["max_batch"] == 1 and ready["drafter"] == str(BLOCK)
+        assert ready["mode"] == "chain" and ready["max_batch"] == 8 and ready["drafter"] == str(BLOCK)
         for _ in range(100):
             try:
                 with urllib.request.urlopen(url + "/health", timeout=5) as r:

@@ -303,9 +303,10 @@ def test_the_final_system_is_timed_once_when_stock_is_ar(tmp_path, monkeypatch, 
         assert "note" not in final["speedup_over_ar"] and final["speedup_over_ar"]["gain"] > 1
 
 
-def test_batch_lists_load_for_drafters_the_batched_engine_runs_and_a_round_is_one_size():
-    with pytest.raises(DeploymentError, match=r"batch \[1, 16\] with drafter .*dense-block-markov: batched decoding"):
-        load_deployment({**SMALL, "prompts": 16, "batch": [16, 1]})
+def test_batch_lists_load_for_every_drafter_and_a_round_is_one_size():
+    assert load_deployment({**SMALL, "prompts": 16, "batch": [16, 1]})["batch"] == [1, 16]  # a device drafter
+    with pytest.raises(DeploymentError, match="batch 16 needs at least as many prompts"):
+        load_deployment({**SMALL, "prompts": 4, "batch": [16, 1]})
     assert load_deployment({**SMALL, "prompts": 16, "batch": [16, 1], "drafter": "ngram"})["batch"] == [1, 16]
     assert load_deployment({**AR_SMALL, "prompts": 4, "batch": 4})["batch"] == 4
     assert load_deployment({**SMALL, "batch": [1]})["batch"] == 1

@@ -13,11 +13,12 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from specpilot.engine.decode import generate
-from specpilot.engine.drafters import DraftLM, NgramDrafter
+from specpilot.engine.drafters import DraftLM, FeatureDrafter, NgramDrafter
 from specpilot.engine.engine import Engine, EngineConfig, accepted_per_position
 from specpilot.engine.fast import FastDecoder
 from specpilot.engine.replay import make_policy
-from specpilot.engine.synthetic import FAMILIES, NoisyOracle, random_model, tiny_config
+from specpilot.engine.synthetic import (FAMILIES, NoisyOracle, random_drafter_net, random_eagle3_net, random_model,
+                                        tiny_config)
 
 VOCAB = 61
 POLICIES = ("chain", "best-first:10", "topk:3:10")
@@ -120,9 +121,68 @@ def test_one_device_read_per_step_for_the_whole_batch(monkeypatch):
     assert reads["n"] == len(prompts) + 15
 
 
-def test_a_device_drafter_is_refused_at_batch_with_the_reason():
-    with pytest.raises(ValueError, match="device drafters decode one request at a time"):
-        FastDecoder(target("llama"), DraftLM(target("llama")), 4, None, max_len=128, graphs=False, lanes=2)
+def device_drafter(kind: str, family: str = "llama"):
+    tgt = target(family)
+    if kind == "draft_lm":
+        return DraftLM(target("llama"))  # the target itself: a perfect drafter
+    base, copy = kind.removesuffix("+copy"), kind.endswith("+copy")
+    if base == "eagle3":
+        return FeatureDrafter(random_eagle3_net(tgt.cfg, seed=3, dtype=torch.float64, draft_vocab=40), tgt)
+    return FeatureDrafter(random_drafter_net(base, tgt.cfg, seed=3, dtype=torch.float64, copy_head=copy), tgt)
+
+
+def spied(dec: FastDecoder) -> list:
+    """Every step's lattices [lanes, ...] as the device drafter proposes them."""
+    seen, real = [], dec.device_draft.propose
+
+    def spy(root):
+        out = real(root)
+        seen.append([None if t is None else t.clone() for t in out])
+        return out
+
+    dec.device_draft.propose = spy
+    return seen
+
+
+@pytest.mark.parametrize("kind, family, spec", [
+    ("sequential", "llama", "chain"), ("block", "hybrid", "best-first:10"), ("block_markov", "qwen3", "topk:3:10"),
+    ("block+copy", "llama", "best-first:10"), ("block_markov+copy", "sliding", "chain"), ("eagle3", "llama", "chain"),
+    ("draft_lm", "llama", "best-first:10")])
+def test_device_drafters_draft_each_lane_as_they_draft_one_request(kind, family, spec):
+    """Each lane's drafter state is its request's own: every request's tokens are its AR tokens
+    and, step by step, its lattices (tokens, scores, transitions) are those it gets decoded alone."""
+    prompts, limits = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9, 3]], [14, 9, 12]
+    alone = []
+    for q, n in zip(prompts, limits):
+        dec = FastDecoder(target(family), device_drafter(kind, family), 5, make_policy(spec, None), max_len=128,
+                          graphs=False)
+        seen = spied(dec)
+        res = dec.generate_batch([q], [n], eos=set())[0]
+        assert res.tokens == ar(family, tuple(q), n)
+        alone.append(seen[: len(res.steps)])
+    dec = FastDecoder(target(family), device_drafter(kind, family), 5, make_policy(spec, None), max_len=128,
+                      graphs=False, lanes=3)
+    seen = spied(dec)
+    out = dec.generate_batch(prompts, limits, eos=set())
+    for b, (q, n, res) in enumerate(zip(prompts, limits, out)):
+        assert res.tokens == ar(family, tuple(q), n)
+        assert len(res.steps) == len(alone[b])
+        for mine, solo in zip(seen, alone[b]):  # lane b held request b from the first step to its last
+            assert torch.equal(mine[0][b], solo[0][0])
+            torch.testing.assert_close(mine[1][b], solo[1][0], rtol=0, atol=1e-9)
+            if solo[2] is not None:
+                torch.testing.assert_close(mine[2][b], solo[2][0], rtol=0, atol=1e-9)
+
+
+def test_a_perfect_draft_lm_accepts_its_whole_draft_in_every_lane():
+    """The draft LM is the target: every lane accepts every drafted token (a lane reading another's
+    cache would not), with continuous batching refilling the lanes."""
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3], [8, 9, 7, 9], [2, 7, 1]]
+    dec = FastDecoder(target("llama"), DraftLM(target("llama")), 4, None, max_len=128, graphs=False, lanes=2)
+    out = dec.generate_batch(prompts, [21] * 5, eos=set())
+    for q, res in zip(prompts, out):
+        assert res.tokens == ar("llama", tuple(q), 21)
+        assert [s.tau for s in res.steps] == [5] * 4
 
 
 def test_accepted_per_position_counts_steps_past_each_position():

@@ -53,7 +53,7 @@ def test_generate_batch_gives_each_request_its_batch_1_tokens(ckpt, capsys):
     one, two = run_json(capsys, *common), run_json(capsys, *common, "--batch", "2")
     assert [o["tokens"] for o in two["outputs"]] == [o["tokens"] for o in one["outputs"]]
     assert two["batch"] == 2 and all("accepted_per_position" in o for o in two["outputs"])
-    for extra, message in ((["--drafter", str(ckpt / "drafter")], "device drafters decode one request at a time"),
+    for extra, message in ((["--driver", "eager"], "driver 'eager' decodes one request at a time"),
                            (["--record", str(ckpt / "r.json")], "--batch 1")):
         assert main([*common, *extra, "--batch", "2", "--json"]) == 2
         assert message in json.loads(capsys.readouterr().out)["error"]
