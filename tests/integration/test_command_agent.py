@@ -77,7 +77,7 @@ def test_a_program_that_edits_the_engine_gives_a_candidate_the_worker_builds_and
 
     wt = build_worktree(REPO, "HEAD", cand.patch, tmp_path / "wt")
     try:
-        worker = SystemProcess({**STOCK, "root": str(wt)}, "cpu:0", timeout=120)
+        worker = SystemProcess(STOCK, "cpu:0", timeout=120, root=str(wt))
         try:
             outs, _ = worker.generate([{"id": r.id, "prompt": r.prompt} for r in stdlib_completion(limit=1)])
         finally:

@@ -157,7 +157,7 @@ def check_where(wt: Path, installed: Path, env: dict, cwd: Path) -> None:
 
 
 def run_systems(wt: Path) -> None:
-    patched = SystemProcess({**STOCK, "root": str(wt)}, "cpu:0", timeout=120)  # `root` is no EngineConfig field
+    patched = SystemProcess(STOCK, "cpu:0", timeout=120, root=str(wt))  # the worktree's engine
     stock = SystemProcess(STOCK, "cpu:0", timeout=120)
     try:
         assert [len(o) for o in patched.generate(REQS)[0]] == [3]

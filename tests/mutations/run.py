@@ -138,8 +138,8 @@ MUTATIONS = [
         "static-drafter-row",
         "(d) static: a feature drafter keeps the accepted path's third row (not its last) when τ ≥ 4",
         "engine/fast.py",
-        "self._keep(h.index_select(0, tau.view(1) - 1))",
-        "self._keep(h.index_select(0, (tau.view(1) - 1).clamp(max=2)))",
+        "last = (tau - 1).clamp_min(0)[:, None, None]",
+        "last = (tau - 1).clamp_min(0).clamp(max=2)[:, None, None]",
         tuple(DRAFTERS), engine=False),
     Mutation(
         "batch-neighbour-tau",
