@@ -12,7 +12,7 @@
 # commit's dates are fixed, so every image built from one tree agrees on the stock revision.
 # Base images are pinned by version; pin them by digest as well (`@sha256:…`) where your registry
 # policy asks for it. The final stages hold no compiler, run as user `specpilot` (uid 10001) and
-# have a HEALTHCHECK each (python -m specpilot.healthcheck).
+# have a HEALTHCHECK each (python -m specpilot.entrypoints.healthcheck).
 
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 ARG CUDA_IMAGE=nvidia/cuda:12.8.1-runtime-ubuntu24.04
@@ -66,14 +66,14 @@ USER 10001:10001
 FROM cpu-runtime AS controller
 EXPOSE 8700
 HEALTHCHECK --interval=15s --timeout=6s --start-period=30s --retries=3 \
-    CMD ["python", "-m", "specpilot.healthcheck", "http://127.0.0.1:8700/healthz"]
+    CMD ["python", "-m", "specpilot.entrypoints.healthcheck", "http://127.0.0.1:8700/healthz"]
 CMD ["specpilot", "serve", "controller", "--host", "0.0.0.0", "--port", "8700"]
 
 # ---------------------------------------------------------------- memory API (seeds an empty memory first)
 FROM cpu-runtime AS memory-api
 EXPOSE 8710
 HEALTHCHECK --interval=15s --timeout=6s --start-period=30s --retries=3 \
-    CMD ["python", "-m", "specpilot.healthcheck", "http://127.0.0.1:8710/metrics"]
+    CMD ["python", "-m", "specpilot.entrypoints.healthcheck", "http://127.0.0.1:8710/metrics"]
 CMD ["sh", "-c", "specpilot memory seed --store \"$SPECPILOT_MEMORY_URL\" >/dev/null && exec specpilot serve memory-api --store \"$SPECPILOT_MEMORY_URL\" --host 0.0.0.0 --port 8710 --repo \"$SPECPILOT_REPO\" --stock-rev \"$(git -C \"$SPECPILOT_REPO\" rev-parse HEAD)\""]
 
 # ---------------------------------------------------------------- Celery worker of the rounds (CMD: the queue)
@@ -81,8 +81,8 @@ FROM cpu-runtime AS celery-worker
 ENV SPECPILOT_METRICS_PORT=9101 SPECPILOT_METRICS_HOST=0.0.0.0
 EXPOSE 9101
 HEALTHCHECK --interval=15s --timeout=6s --start-period=60s --retries=3 \
-    CMD ["sh", "-c", "exec python -m specpilot.healthcheck \"http://127.0.0.1:${SPECPILOT_METRICS_PORT}/metrics\""]
-ENTRYPOINT ["celery", "-A", "specpilot.services.controller.tasks", "worker", "--pool", "solo", "--concurrency", "1", \
+    CMD ["sh", "-c", "exec python -m specpilot.entrypoints.healthcheck \"http://127.0.0.1:${SPECPILOT_METRICS_PORT}/metrics\""]
+ENTRYPOINT ["celery", "-A", "specpilot.entrypoints.rounds_worker", "worker", "--pool", "solo", "--concurrency", "1", \
             "--without-gossip", "--without-mingle", "--loglevel", "INFO", "-n", "rounds@%h"]
 CMD ["-Q", "rounds.h100-sxm"]
 
@@ -91,7 +91,7 @@ FROM cpu-runtime AS planner
 ENV SPECPILOT_METRICS_PORT=9101 SPECPILOT_METRICS_HOST=0.0.0.0
 EXPOSE 9101
 HEALTHCHECK --interval=15s --timeout=6s --start-period=60s --retries=3 \
-    CMD ["sh", "-c", "exec python -m specpilot.healthcheck \"http://127.0.0.1:${SPECPILOT_METRICS_PORT}/metrics\""]
+    CMD ["sh", "-c", "exec python -m specpilot.entrypoints.healthcheck \"http://127.0.0.1:${SPECPILOT_METRICS_PORT}/metrics\""]
 CMD ["celery", "-A", "specpilot.services.planner.tasks", "worker", "-Q", "planner", "--pool", "solo", \
      "--concurrency", "1", "--without-gossip", "--without-mingle", "--loglevel", "INFO", "-n", "planner@%h"]
 
@@ -128,7 +128,7 @@ WORKDIR /home/specpilot
 USER 10001:10001
 EXPOSE 50051 9100
 HEALTHCHECK --interval=15s --timeout=6s --start-period=60s --retries=3 \
-    CMD ["python", "-m", "specpilot.healthcheck", "grpc://127.0.0.1:50051"]
+    CMD ["python", "-m", "specpilot.entrypoints.healthcheck", "grpc://127.0.0.1:50051"]
 ENTRYPOINT ["python", "-m", "specpilot.services.gpu_worker.server", "--host", "0.0.0.0", "--port", "50051", \
             "--metrics-port", "9100", "--repo", "/opt/specpilot/src"]
 # the device kind the worker advertises (its rounds queue is rounds.<kind>): h100-sxm, h200, rtx-pro-6000

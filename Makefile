@@ -31,4 +31,4 @@ bench:
 
 # gRPC stubs from proto/ into specpilot/v1/ (committed; tests/unit/test_proto_stubs.py fails when stale)
 proto: $(VENV)/.installed
-	$(PY) -m specpilot.protogen
+	$(PY) -m specpilot.entrypoints.protogen

@@ -34,7 +34,7 @@ def main() -> int:
         ap.error("give the command --json: its answer must be one JSON object")
     load = os.getloadavg()[0]
     t = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "specpilot.cli", *args], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "specpilot.entrypoints.cli", *args], capture_output=True, text=True)
     wall = time.perf_counter() - t
     try:
         answer = json.loads(r.stdout)

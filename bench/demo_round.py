@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     import torch
 
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "specpilot.cli", "demo", "--json", "--rounds", str(args.rounds),
+        cmd = [sys.executable, "-m", "specpilot.entrypoints.cli", "demo", "--json", "--rounds", str(args.rounds),
                "--run-dir", f"{tmp}/run", "--store", f"sqlite:///{tmp}/memory.db"] + \
               (["--repeats", str(args.repeats)] if args.repeats else [])
         t = time.perf_counter()

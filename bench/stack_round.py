@@ -34,7 +34,7 @@ def main() -> int:
     p.add_argument("--out", required=True)
     args = p.parse_args()
     data = Path(tempfile.mkdtemp(prefix="specpilot-stack-"))
-    cmd = [sys.executable, "-m", "specpilot.cli", "stack", "up", "--workers", "cpu,cpu", "--port", str(args.port),
+    cmd = [sys.executable, "-m", "specpilot.entrypoints.cli", "stack", "up", "--workers", "cpu,cpu", "--port", str(args.port),
            "--memory-port", str(args.port + 1), "--redis", args.redis, "--data", str(data), "--json"]
     if args.db:
         cmd += ["--db", args.db]

@@ -2,7 +2,7 @@
 
 Each has an in-process adapter (the embedded mode: `specpilot demo`, `specpilot round`, most
 tests) and a remote one (`remote.py`: gRPC for the GPU workers, REST for the memory, a Celery task
-for the planner). `specpilot/bootstrap.py` picks them; the round (`round.py`) sees only these.
+for the planner). `specpilot/entrypoints/bootstrap.py` picks them; the round (`round.py`) sees only these.
 Everything crossing a door is plain JSON-able data.
 """
 
@@ -88,7 +88,7 @@ class Planner(Protocol):
 
 @dataclass
 class Ports:
-    """The adapters one round uses, picked by `specpilot/bootstrap.py`."""
+    """The adapters one round uses, picked by `specpilot/entrypoints/bootstrap.py`."""
 
     workers: GpuWorkers
     memory: Memory

@@ -231,6 +231,15 @@ SAMPLING_FIELDS = ("max_new_tokens", "temperature", "stop_token_ids", "top_p", "
                    "stop")
 
 
+def _prompts(value, field: str, listed: bool, check, limits: Limits) -> tuple[list[str], list]:
+    """One prompt, or each of a list, checked by `check(prompt, where, limits)`: (where, prompts)."""
+    if not listed:
+        return [field], [check(value, field, limits)]
+    _count(value, field)
+    where = [f"{field}[{i}]" for i in range(len(value))]
+    return where, [check(p, w, limits) for p, w in zip(value, where)]
+
+
 def parse_generate(body: dict, limits: Limits, new_id: Callable[[], str]) -> Call:
     """A `/generate` body (SGLang's native API) → its jobs."""
     _check_fields(body, GENERATE_FIELDS)
@@ -252,20 +261,10 @@ def parse_generate(body: dict, limits: Limits, new_id: Callable[[], str]) -> Cal
                          "token ids, or a list of such lists)")
     if ids is not None:
         listed = isinstance(ids, list) and any(isinstance(p, list) for p in ids)
-        if listed:
-            _count(ids, "input_ids")
-            where = [f"input_ids[{i}]" for i in range(len(ids))]
-            prompts = [_ids(p, w, limits) for p, w in zip(ids, where)]
-        else:
-            where, prompts = ["input_ids"], [_ids(ids, "input_ids", limits)]
+        where, prompts = _prompts(ids, "input_ids", listed, _ids, limits)
     else:
         listed = isinstance(text, list)
-        if listed:
-            _count(text, "text")
-            where = [f"text[{i}]" for i in range(len(text))]
-            prompts = [_text(p, w, limits) for p, w in zip(text, where)]
-        else:
-            where, prompts = ["text"], [_text(text, "text", limits)]
+        where, prompts = _prompts(text, "text", listed, _text, limits)
     rids = _rids(body.get("rid"), len(prompts), listed, new_id)
     return Call(_jobs(prompts, where, rids, n, "sampling_params.max_new_tokens", stops, limits), listed)
 
@@ -287,18 +286,15 @@ def parse_completion(body: dict, limits: Limits, rid: str) -> Call:
     if prompt is None:
         raise BadRequest("prompt", "missing: give text, a list of token ids, or a list of either")
     if isinstance(prompt, str):
-        where, prompts = ["prompt"], [_text(prompt, "prompt", limits)]
+        where, prompts = _prompts(prompt, "prompt", False, _text, limits)
     elif isinstance(prompt, list) and prompt and _is_int(prompt[0]):
-        where, prompts = ["prompt"], [_ids(prompt, "prompt", limits)]
+        where, prompts = _prompts(prompt, "prompt", False, _ids, limits)
     elif isinstance(prompt, list):
         _count(prompt, "prompt")
-        where = [f"prompt[{i}]" for i in range(len(prompt))]
-        if isinstance(prompt[0], str):
-            prompts = [_text(p, w, limits) for p, w in zip(prompt, where)]
-        elif isinstance(prompt[0], list):
-            prompts = [_ids(p, w, limits) for p, w in zip(prompt, where)]
-        else:
+        check = _text if isinstance(prompt[0], str) else _ids if isinstance(prompt[0], list) else None
+        if check is None:
             raise BadRequest("prompt[0]", f"expected text, a token id or a list of token ids, got {_show(prompt[0])}")
+        where, prompts = _prompts(prompt, "prompt", True, check, limits)
     else:
         raise BadRequest("prompt", f"expected text, a list of token ids, or a list of either, got {_show(prompt)}")
     rids = [f"{rid}-{i}" for i in range(len(prompts))]

@@ -122,12 +122,14 @@ class ServerProcess:
     GPU it was given made the only visible one (`CUDA_VISIBLE_DEVICES`), or on `cpu:N` pinned to
     that core with one thread — waits for `GET /health` within the system's `ready_timeout`, and
     kills the whole group on `close()`. `generate` sends each request greedily as token ids
-    (`batch` in flight at once) and returns the ids the server sent back. Prompts are tokenized, and
-    outputs scored, by the served target in AR (`reference`), started beside it on first use."""
+    (`batch` in flight at once), each to its own `max_new_tokens`, and returns the ids the server sent
+    back. Text prompts are tokenized with the served target's tokenizer.json in this process; outputs
+    are scored by the served target in AR (`reference`), a process started on the first score — so
+    while the server is timed no second copy of the target holds the device's memory."""
 
     def __init__(self, spec: ServerSystem, device: str, timeout: float):
         self.spec, self.device, self.timeout = spec, device, timeout
-        self.acceptance, self.proc, self._reference, self._ids = None, None, None, {}
+        self.acceptance, self.proc, self._reference, self._tokenizer = None, None, None, None
         self.log = tempfile.TemporaryFile(mode="w+")
         port = free_port() if spec.launch else 0
         self.url = spec.url.replace("{port}", str(port)).rstrip("/")
@@ -177,13 +179,25 @@ class ServerProcess:
         return self._reference
 
     def prompt_ids(self, requests: list[dict]) -> list[list[int]]:
-        """Each request's prompt ids: its own, or its text tokenized by the target (once per request)."""
-        key = [json.dumps(r, sort_keys=True) for r in requests]
-        todo = [r for r, k in zip(requests, key) if k not in self._ids]
-        if todo:
-            for k, ids in zip([json.dumps(r, sort_keys=True) for r in todo], self.reference().encode(todo)):
-                self._ids[k] = ids
-        return [self._ids[k] for k in key]
+        """Each request's prompt ids: its own, or its text tokenized by the target's tokenizer."""
+        out = []
+        for r in requests:
+            if r.get("prompt_ids") is not None:
+                out.append(list(r["prompt_ids"]))
+                continue
+            if self._tokenizer is None:
+                path = Path(self.spec.target or "") / "tokenizer.json"
+                if not self.spec.target or not path.is_file():
+                    raise ValueError(f"request {r.get('id')!r} is text, but the server system names no 'target' with "
+                                     "a tokenizer.json; give prompt_ids or the served checkpoint as 'target'")
+                from tokenizers import Tokenizer
+
+                try:
+                    self._tokenizer = Tokenizer.from_file(str(path))
+                except Exception as e:  # noqa: BLE001 — the tokenizers library raises plain Exceptions
+                    raise ValueError(f"{path}: cannot be read as a tokenizer ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+            out.append(self._tokenizer.encode(r["prompt"]).ids)
+        return out
 
     def _post(self, path: str, body: dict) -> dict:
         req = urllib.request.Request(self.url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
@@ -214,7 +228,11 @@ class ServerProcess:
 
     def generate(self, requests: list[dict], batch: int = 1) -> tuple[list[list[int]], list[list[int]]]:
         ids = self.prompt_ids(requests)
-        limits = [int(r.get("max_new_tokens") or 256) for r in requests]
+        missing = next((r for r in requests if not r.get("max_new_tokens")), None)
+        if missing is not None:
+            raise ValueError(f"request {missing.get('id')!r}: a server system needs each request's max_new_tokens "
+                             "(a deployment's or `specpilot pair --max-new-tokens` sets it)")
+        limits = [int(r["max_new_tokens"]) for r in requests]
         with ThreadPoolExecutor(batch) as pool:  # `batch` requests in flight, as a busy server sees them
             done = list(pool.map(self._complete, ids, limits))
         self.acceptance = {"steps": sum(s for _, s in done), "accepted": []}  # per position: not told by servers

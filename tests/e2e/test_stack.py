@@ -26,7 +26,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from specpilot.demo import SHIPPED
+from specpilot.entrypoints.demo import SHIPPED
 
 REDIS = os.environ.get("SPECPILOT_TEST_REDIS", "redis://127.0.0.1:6379/11")
 PG_ADMIN = os.environ.get("SPECPILOT_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
@@ -66,7 +66,7 @@ def running_stack(data: Path, *args: str, workers: str = "cpu,cpu"):
     """`specpilot stack up --json` in `data` with `args` (--redis, --db, ...) until the block ends
     (SIGTERM, then SIGKILL of its process group after 60 s). Yields its JSON line, plus `data_dir`
     and an authorized httpx `client` of the controller."""
-    cmd = [sys.executable, "-m", "specpilot.cli", "stack", "up", "--workers", workers, "--port", str(free_port()),
+    cmd = [sys.executable, "-m", "specpilot.entrypoints.cli", "stack", "up", "--workers", workers, "--port", str(free_port()),
            "--memory-port", str(free_port()), "--data", str(data), "--json", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(data / "stack.err", "w"), text=True,
                             start_new_session=True)

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from specpilot.demo import micro_pair
+from specpilot.entrypoints.demo import micro_pair
 from specpilot.services.controller.pairing import run_pair, system
 from specpilot.services.controller.remote import GrpcWorkers
 from specpilot.services.gpu_worker.systems import LocalWorkers

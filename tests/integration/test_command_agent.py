@@ -13,7 +13,7 @@ import pytest
 
 from gitrepo import make_repo, worktrees
 
-from specpilot.demo import micro_pair
+from specpilot.entrypoints.demo import micro_pair
 from specpilot.services.gpu_worker.systems import SystemProcess
 from specpilot.services.gpu_worker.build import build_worktree, remove_worktree
 from specpilot.services.planner.agents import Context

@@ -13,7 +13,7 @@ import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 
-from specpilot.demo import micro_pair
+from specpilot.entrypoints.demo import micro_pair
 from specpilot.services.controller.app import create_app
 from specpilot.services.controller.records import Records
 from specpilot.services.controller.remote import GrpcWorkers

@@ -408,7 +408,7 @@ def test_every_scrape_passes_promtool_and_every_named_metric_is_exported(scrapes
 
 # ------------------------------------------------------------------ what the images' health checks and scrapes rely on
 def healthcheck(target: str) -> subprocess.CompletedProcess:
-    return run(sys.executable, "-m", "specpilot.healthcheck", target)
+    return run(sys.executable, "-m", "specpilot.entrypoints.healthcheck", target)
 
 
 def test_healthcheck_answers_for_grpc_health_and_http_and_names_what_is_down():
@@ -429,7 +429,7 @@ def test_healthcheck_answers_for_grpc_health_and_http_and_names_what_is_down():
 
 
 def test_celery_metrics_bind_to_the_configured_host():
-    from specpilot.stack_cli import free_port
+    from specpilot.entrypoints.stack_cli import free_port
 
     port = free_port()
     code = f"from specpilot.queue import serve_metrics; import time; serve_metrics({port}); time.sleep(60)"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from specpilot.cli import main
+from specpilot.entrypoints.cli import main
 from specpilot.engine.engine import Engine, EngineConfig
 from specpilot.services.engine_server import protocol
 from specpilot.services.engine_server.app import create_app
@@ -353,7 +353,7 @@ def _post(url: str, body: dict) -> dict:
 
 
 def test_the_command_serves_over_http(engines):
-    proc = subprocess.Popen([sys.executable, "-m", "specpilot.cli", "serve", "engine", "--target", str(TARGET),
+    proc = subprocess.Popen([sys.executable, "-m", "specpilot.entrypoints.cli", "serve", "engine", "--target", str(TARGET),
                              "--drafter", str(BLOCK), "--mode", "chain", "--dtype", "float64", "--port", "0",
                              "--max-new-tokens", "32", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)

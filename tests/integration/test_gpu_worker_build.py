@@ -14,7 +14,7 @@ import pytest
 
 from gitrepo import git, make_repo, worktrees
 
-from specpilot.demo import micro_pair
+from specpilot.entrypoints.demo import micro_pair
 from specpilot.services.gpu_worker.systems import SystemProcess
 from specpilot.services.gpu_worker.build import ALLOWED, BuildError, build_worktree, remove_worktree
 from specpilot.zoo.workloads import stdlib_completion

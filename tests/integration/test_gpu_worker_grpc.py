@@ -16,7 +16,7 @@ import grpc
 import pytest
 from google.protobuf import descriptor_pb2
 
-from specpilot.demo import micro_pair
+from specpilot.entrypoints.demo import micro_pair
 from specpilot.services.controller.pairing import run_pair, system
 from specpilot.services.controller.remote import GrpcWorkers
 from specpilot.services.gpu_worker.systems import LocalWorkers

@@ -6,7 +6,7 @@ import pytest
 
 from specpilot.services.controller import stats
 
-from specpilot.demo import micro_pair
+from specpilot.entrypoints.demo import micro_pair
 from specpilot.devices import device_list
 from specpilot.services.controller import pairing
 from specpilot.services.controller.pairing import system

@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from specpilot.services.controller import records as rec_mod
-from specpilot.services.controller import tasks
+from specpilot.services.controller import runner
 from specpilot.services.controller.records import Records
 from specpilot.settings import Settings
 
@@ -89,14 +89,14 @@ def test_the_round_task_leaves_final_and_held_records_alone(tmp_path):
     settings = Settings(db_url=records.url, data_dir=tmp_path)
     done = records.create(DEP, 1, ["search"], str(tmp_path / "d"))
     records.set_state(done, "done")
-    assert tasks.execute(records, done, settings, ports=object()) == "done"
+    assert runner.execute(records, done, settings.repo, object) == "done"
     held = records.create(DEP, 1, ["search"], str(tmp_path / "h"))
     records.set_state(held, "running")
     records.claim(held, "someone-alive", lease=60)
-    assert tasks.execute(records, held, settings, ports=object()) == "running elsewhere"
+    assert runner.execute(records, held, settings.repo, object) == "running elsewhere"
     assert records.get(held)["state"] == "running" and records.events(held) == []
     cancelled = records.create(DEP, 1, ["search"], str(tmp_path / "c"))
     records.set_state(cancelled, "running")
     records.request_cancel(cancelled)
-    assert tasks.execute(records, cancelled, settings, ports=object()) == "cancelled"
+    assert runner.execute(records, cancelled, settings.repo, object) == "cancelled"
     records.close()

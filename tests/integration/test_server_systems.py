@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specpilot.demo import SHIPPED, micro_pair
+from specpilot.entrypoints.demo import SHIPPED, micro_pair
 from specpilot.services.controller.pairing import judge, system
 from specpilot.services.controller.round import load_deployment
 from specpilot.services.gpu_worker.systems import LocalWorkers
@@ -54,6 +54,9 @@ def test_served_engine_returns_ar_tokens_over_both_apis_and_dies_on_close():
             outs, ids = w.generate(REQS, batch)
             assert outs == ar, api
             assert all(ids) and ids == w.prompt_ids(REQS)  # the target's tokenization, sent as ids
+            assert w._reference is None  # no second copy of the target while the server is timed
+            with pytest.raises(ValueError, match="needs each request's max_new_tokens"):
+                w.generate([{"id": "c", "prompt": "x = 1"}])
             scores = w.score(ids[0], outs[0])  # forcing's scorer: the served target in AR
             assert scores.argmax_token_ids == outs[0]
             pid = w.proc.pid
@@ -110,12 +113,14 @@ def test_a_round_of_server_systems_judges_every_candidate(tmp_path):
     skipped = {s["name"]: s["reason"] for s in r["agents"]["search"]["skipped"]}
     assert "flags of sglang" in skipped["server-sglang-eagle/steps3-topk1-tokens4"]
     assert "engine setting" in skipped["tree-best-first/n16"]
-    assert summary["final"]["speedup_over_ar"]["gain"] > 0  # timed against AR of the served target
+    over_ar = summary["final"]["speedup_over_ar"]
+    assert over_ar["against"]["engine"] == {"target": str(Path(TARGET).resolve()), "mode": "ar"}  # the served target
+    assert over_ar["gain"] > 0 and over_ar["lower_bound"] <= over_ar["gain"]
     assert Path(summary["report"]).is_file()
 
 
 def test_pair_cli_checks_a_server_system_at_the_edge(tmp_path, capsys):
-    from specpilot.cli import main
+    from specpilot.entrypoints.cli import main
 
     good, bad, work = tmp_path / "server.json", tmp_path / "bad.json", tmp_path / "w.jsonl"
     good.write_text(json.dumps(served()))

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from specpilot import rpc
-from specpilot.demo import SHIPPED
+from specpilot.entrypoints.demo import SHIPPED
 from specpilot.engine.engine import Engine, EngineConfig
 from specpilot.engine.profiler import KERNEL_CLASSES
-from specpilot.round_cli import check_deployment
+from specpilot.entrypoints.round_cli import check_deployment
 from specpilot.services.controller.round import DeploymentError, load_deployment, stock_config
 from specpilot.services.gpu_worker.profiling import measure
 from specpilot.services.planner.costmodel import analyze

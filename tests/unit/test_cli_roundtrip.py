@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from specpilot.cli import main, read_requests
+from specpilot.entrypoints.cli import main, read_requests
 from specpilot.engine.checkpoint import save_model
 from specpilot.engine.drafters import save_drafter
 from specpilot.engine.synthetic import random_drafter_net, random_model, tiny_config

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from specpilot import cli, round_cli
-from specpilot.memory_cli import default_url
+from specpilot.entrypoints import cli, round_cli
+from specpilot.entrypoints.memory_cli import default_url
 
 
 def _out(tmp_path):

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 from safetensors.torch import load_file
 
-from specpilot.cli import main
+from specpilot.entrypoints.cli import main
 from specpilot.engine.checkpoint import CheckpointError, check_system, drafter_kind, save_model, write_checkpoint
 from specpilot.engine.decode import generate
 from specpilot.engine.drafters import DraftConfig, FeatureDrafter, load_drafter, save_drafter

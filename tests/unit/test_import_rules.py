@@ -7,6 +7,8 @@
 - The GPU worker (its gRPC server and the system processes it starts) loads, through any project
   module, no package that the GPU machine lacks (`GPU_MACHINE_LACKS`): it runs with torch, grpcio,
   protobuf and prometheus-client.
+- Nothing outside `specpilot.entrypoints` imports it: the entrypoints (the CLI, the workers' mains,
+  the composition root) sit on top of everything else.
 - Nothing imports the top-level folders by their folder names (`engine`, `kernels`, `zoo`,
   `services`): those names do not exist in an installed wheel.
 """
@@ -115,6 +117,8 @@ def check(repo: Path) -> list[str]:
             top = t.split(".")[0]
             if top in FOLDER_NAMES:
                 report(imp, f"import `specpilot.{top}`, not the folder name `{top}` (it is not importable from a wheel)")
+            if under(t, "specpilot.entrypoints") and not under(module, "specpilot.entrypoints"):
+                report(imp, "only the entrypoints import specpilot.entrypoints (they sit on top; pass what is needed in)")
             if under(module, "specpilot.engine") and under(t, "specpilot.services"):
                 report(imp, "engine/ must not import the services")
             if under(module, "specpilot.kernels") and (under(t, "specpilot.engine") or under(t, "specpilot.services")):
@@ -192,9 +196,12 @@ def test_checker_reports_each_kind_of_violation(tmp_path):
     _write(tmp_path, "services/memory_api/store.py", "from kernels import gemm\n")
     _write(tmp_path, "specpilot/shared.py", "def f():\n    import specpilot.engine.ok\n")
     _write(tmp_path, "services/controller/verdict.py", "from specpilot import shared\nfrom .stats import x\n")
+    _write(tmp_path, "services/controller/runner.py", "from specpilot.entrypoints import bootstrap\n")
 
     problems = check(tmp_path)
     text = "\n".join(problems)
+    assert ("services/controller/runner.py:1: `from specpilot.entrypoints import bootstrap` — only the entrypoints "
+            "import specpilot.entrypoints") in text
     assert "engine/bad.py:1: `from specpilot.services.controller import verdict` — engine/ must not import the services" in text
     assert "kernels/bad.py:2: `from ..engine import ok` — kernels/ must import neither" in text
     assert "services/planner/bad.py:1:" in text and "must not import services/memory_api" in text
@@ -205,7 +212,7 @@ def test_checker_reports_each_kind_of_violation(tmp_path):
         "`from specpilot import shared` -> specpilot/shared.py:2 `import specpilot.engine.ok`" in text
     )
     assert not any(p.startswith("engine/ok.py") for p in problems)
-    assert len(problems) == 5, text
+    assert len(problems) == 6, text
 
 
 def test_checker_sees_a_package_the_gpu_machine_lacks_in_the_worker(tmp_path):

@@ -89,7 +89,7 @@ def test_wheel_imports_the_mapped_packages(tmp_path):
     assert {n.split("/")[0] for n in names} == {"specpilot", dist_info}, "wheel ships something besides specpilot/"
     missing = sorted(set(shipped_sources()) - names)
     assert not missing, f"files missing from the wheel: {missing[:20]}"
-    assert "specpilot = specpilot.cli:main" in entry_points
+    assert "specpilot = specpilot.entrypoints.cli:main" in entry_points
     assert requires and all("+" not in r for r in requires), f"torch requirement: {requires}"
 
     install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",

@@ -40,7 +40,7 @@ def test_plain_unified_diff_and_new_and_deleted_files():
     ("--- a//etc/passwd\n+++ b//etc/passwd\n@@ -1 +1 @@\n-a\n+b\n", "/etc/passwd"),
     ("--- a/engine/.git/config\n+++ b/engine/.git/config\n@@ -1 +1 @@\n-a\n+b\n", "engine/.git/config"),
     ("--- a/zoo/x.py\n+++ b/zoo/x.py\n@@ -1 +1 @@\n-a\n+b\n", "zoo/x.py"),
-    ("--- a/specpilot/cli.py\n+++ b/specpilot/cli.py\n@@ -1 +1 @@\n-a\n+b\n", "specpilot/cli.py"),
+    ("--- a/specpilot/entrypoints/cli.py\n+++ b/specpilot/entrypoints/cli.py\n@@ -1 +1 @@\n-a\n+b\n", "specpilot/entrypoints/cli.py"),
 ])
 def test_paths_outside_engine_and_kernels_are_refused(text, path):
     with pytest.raises(patches.PatchRefused) as e:

@@ -2,9 +2,9 @@
 
 from pathlib import Path
 
-from specpilot import protogen
+from specpilot.entrypoints import protogen
 
-COMMITTED = Path(protogen.__file__).resolve().parent / "v1"
+COMMITTED = protogen.REPO / "specpilot" / "v1"
 
 
 def test_committed_stubs_match_the_protos(tmp_path):

@@ -105,13 +105,13 @@ def test_edges_and_loading(tmp_path, model):
     assert score(scorer, PROMPT, out).argmax_token_ids == out  # float32 agrees on this random model
 
 
-# ---- `specpilot force` (specpilot/force_cli.py), before it is registered in specpilot/cli.py -----
+# ---- `specpilot force` (specpilot/entrypoints/force_cli.py), before it is registered in specpilot/entrypoints/cli.py -----
 
 
 def force(*argv):
     import argparse
 
-    from specpilot import force_cli
+    from specpilot.entrypoints import force_cli
 
     parser = argparse.ArgumentParser(prog="specpilot")
     force_cli.register(parser.add_subparsers(dest="command", required=True))

@@ -2,9 +2,9 @@
 
 import pytest
 
-from specpilot.cli import main
+from specpilot.entrypoints.cli import main
 from specpilot.engine.engine import EngineConfig, parse_defect
-from specpilot.selftest import run_selftest
+from specpilot.entrypoints.selftest import run_selftest
 
 
 def test_selftest_catches_planted_defects_and_passes_lossless_systems():
@@ -35,7 +35,7 @@ def test_defect_specs():
 
 
 def test_selftest_cli_json(capsys, monkeypatch):
-    import specpilot.selftest as st
+    import specpilot.entrypoints.selftest as st
 
     real = st.run_selftest
     monkeypatch.setattr(st, "run_selftest", lambda trials, progress, real_runs, design: real(
@@ -54,7 +54,7 @@ def test_selftest_cli_json(capsys, monkeypatch):
 
 
 def test_silent_slowdown_keeps_the_output():
-    from specpilot.demo import micro_pair
+    from specpilot.entrypoints.demo import micro_pair
     from specpilot.engine.engine import Engine
     from specpilot.zoo.workloads import Request
 

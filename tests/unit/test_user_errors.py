@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specpilot.cli import main
+from specpilot.entrypoints.cli import main
 from specpilot.engine.checkpoint import save_model
 from specpilot.engine.drafters import save_drafter
 from specpilot.engine.synthetic import random_drafter_net, random_model, tiny_config

@@ -18,7 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from specpilot.cli import main
+from specpilot.entrypoints.cli import main
 from specpilot.engine.checkpoint import (
     SINGLE,
     CheckpointError,

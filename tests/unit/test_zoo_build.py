@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from specpilot.cli import main
+from specpilot.entrypoints.cli import main
 from specpilot.engine.checkpoint import load_model
 from specpilot.engine.decode import generate
 from specpilot.engine.drafters import DraftLM, FeatureDrafter, load_drafter

@@ -1,7 +1,7 @@
 """A container's health check: exit 0 when the service answers, 1 (with one line) when not.
 
-  python -m specpilot.healthcheck http://127.0.0.1:8700/healthz     # 200 within the timeout
-  python -m specpilot.healthcheck grpc://127.0.0.1:50051            # grpc.health.v1 Check: SERVING
+  python -m specpilot.entrypoints.healthcheck http://127.0.0.1:8700/healthz     # 200 within the timeout
+  python -m specpilot.entrypoints.healthcheck grpc://127.0.0.1:50051            # grpc.health.v1 Check: SERVING
 
 Only the standard library, and grpcio with the generated health stubs for grpc:// (the GPU
 worker's image has nothing else).
@@ -42,7 +42,7 @@ def check_grpc(address: str, service: str = "", timeout: float = TIMEOUT) -> str
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or not argv[0].startswith(("http://", "https://", "grpc://")):
-        print("usage: python -m specpilot.healthcheck http://HOST:PORT/PATH | grpc://HOST:PORT", file=sys.stderr)
+        print("usage: python -m specpilot.entrypoints.healthcheck http://HOST:PORT/PATH | grpc://HOST:PORT", file=sys.stderr)
         return 2
     target = argv[0]
     problem = check_grpc(target[len("grpc://"):]) if target.startswith("grpc://") else check_http(target)

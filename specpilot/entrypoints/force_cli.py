@@ -42,7 +42,7 @@ def register(subparsers) -> None:
 def read_outputs(path) -> list[SystemOutput]:
     """A system's outputs from `generate --out` JSON lines or `generate --json` output; errors name the
     file and line."""
-    from specpilot.cli import read_generated
+    from specpilot.entrypoints.cli import read_generated
 
     out = []
     for n, d in enumerate(read_generated(path), 1):

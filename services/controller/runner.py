@@ -1,13 +1,10 @@
-"""The controller's Celery task: a queued round runs here (queue `rounds.<kind>`), against the
-remote adapters (gRPC GPU workers, the memory API, the planner's tasks).
-
-  celery -A specpilot.services.controller.tasks worker -Q rounds.cpu --pool solo
+"""Running a queued round record to its final state, against the ports a runner connects to (the
+rounds worker, `specpilot.entrypoints.rounds_worker`, connects the remote adapters).
 
 `execute` is idempotent: a record already final is left alone, one another runner holds a valid
 lease on is left to it, and a resumed record reads back every step its round already saved (the
-profile, the baseline, each sealed verdict). A runner renews its lease while it works; when a
-worker starts it queues again every record whose runner stopped renewing (it was killed), and
-keeps doing so every `SWEEP` seconds.
+profile, the baseline, each sealed verdict). A runner renews its lease while it works; `sweep`
+queues again every record whose runner stopped renewing (it was killed), every `SWEEP` seconds.
 """
 
 from __future__ import annotations
@@ -19,12 +16,6 @@ import traceback
 import uuid
 from pathlib import Path
 
-from celery.signals import worker_ready
-
-from specpilot import bootstrap
-from specpilot.queue import ROUND_TASK, make_celery, rounds_queue
-from specpilot.settings import Settings
-
 from .records import Heartbeat, RecordState, Records
 from .round import Cancelled, run_deployment
 
@@ -32,30 +23,25 @@ LEASE = 15.0  # seconds a runner's claim lasts without renewal
 SWEEP = 5.0
 REQUEUE_HOLD = 600.0  # a record queued again is not queued again for this long
 
-app = make_celery()
 
-
-def enqueue(celery_app, ident: str, kind: str) -> None:
-    celery_app.send_task(ROUND_TASK, args=[ident], queue=rounds_queue(kind))
-
-
-def execute(records: Records, ident: str, settings: Settings, ports=None) -> str:
-    """Run the record's rounds to a final state (or leave it to its live runner); its state."""
+def execute(records: Records, ident: str, repo, connect) -> str:
+    """Run the record's rounds to a final state (or leave it to its live runner); its state.
+    `connect()` gives the ports, called only when the record is run (they are closed after)."""
     rec = records.find(ident)
     if rec is None or rec["state"] in ("done", "failed", "cancelled"):
         return rec["state"] if rec else "unknown"
     owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     if not records.claim(ident, owner, LEASE):
         return "running elsewhere"
-    beat, own = Heartbeat(records, ident, owner, LEASE), ports is None
+    beat, ports = Heartbeat(records, ident, owner, LEASE), None
     try:
         if records.cancel_requested(ident):
             raise Cancelled("cancelled before it started")
         records.set_state(ident, "running")
         records.event(ident, "state", {"state": "running", "runner": owner})
-        ports = ports or bootstrap.distributed(settings, app)
+        ports = connect()
         run_deployment(rec["deployment"], Path(rec["run_dir"]), ports, RecordState(records, ident), rec["rounds"],
-                       agents=rec["agents"], repo=settings.repo, log=None, progress=False,
+                       agents=rec["agents"], repo=repo, log=None, progress=False,
                        emit=lambda kind, data: records.event(ident, kind, data),
                        cancelled=lambda: records.cancel_requested(ident))
         state, error = "done", None
@@ -66,7 +52,7 @@ def execute(records: Records, ident: str, settings: Settings, ports=None) -> str
         state, error = "failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     finally:
         beat.stop()
-        if own and ports is not None:
+        if ports is not None:
             ports.workers.close()
             ports.memory.close()
     records.set_state(ident, state, error)
@@ -75,39 +61,23 @@ def execute(records: Records, ident: str, settings: Settings, ports=None) -> str
     return state
 
 
-@app.task(name=ROUND_TASK)
-def run_round(ident: str) -> str:
-    settings = Settings.from_env()
-    records = Records(settings.records_url)
-    try:
-        return execute(records, ident, settings)
-    finally:
-        records.close()
-
-
-def requeue_stale(records: Records) -> list[str]:
+def requeue_stale(records: Records, queue) -> list[str]:
     """Queue again every record whose runner died (its lease ran out while running)."""
     out = []
     for ident in records.stale():
         if records.requeued(ident, REQUEUE_HOLD):  # one sweeper wins; the others see it held
-            enqueue(app, ident, records.get(ident)["deployment"]["gpu"])
+            queue.submit(ident, records.get(ident)["deployment"]["gpu"])
             records.event(ident, "state", {"state": "running", "requeued": "its runner stopped renewing its lease"})
             out.append(ident)
     return out
 
 
-@worker_ready.connect
-def _sweep(**_) -> None:
-    settings = Settings.from_env()
-
-    def loop():
-        records = Records(settings.records_url)
-        while True:
-            try:
-                requeue_stale(records)
-            except Exception:  # noqa: BLE001 — the database may be briefly away; try again
-                traceback.print_exc()
-            threading.Event().wait(SWEEP)
-
-    threading.Thread(target=loop, daemon=True, name="specpilot-requeue").start()
-
+def sweep(records_url: str, queue) -> None:
+    """Requeue stale records every `SWEEP` seconds, for ever (a runner's background thread)."""
+    records = Records(records_url)
+    while True:
+        try:
+            requeue_stale(records, queue)
+        except Exception:  # noqa: BLE001 — the database may be briefly away; try again
+            traceback.print_exc()
+        threading.Event().wait(SWEEP)

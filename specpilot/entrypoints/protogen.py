@@ -1,6 +1,6 @@
 """Generate the Python gRPC stubs of proto/specpilot/v1/*.proto (`make proto`).
 
-  python -m specpilot.protogen [OUT]    # default OUT: the repository root → specpilot/v1/
+  python -m specpilot.entrypoints.protogen [OUT]    # default OUT: the repository root → specpilot/v1/
 
 The stubs are committed (the GPU machine has no grpcio-tools); a test regenerates them into a
 temporary folder and fails when the committed ones differ.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PROTO = REPO / "proto"
 GENERATED = ("_pb2.py", "_pb2_grpc.py")
 

@@ -108,7 +108,7 @@ def check_deployment(dep: dict, force_drafter: bool = False) -> None:
 
 def run_rounds(dep_source, rounds: int, agents=None, run_dir=None, store=None, repo=None, json_out=False,
                log=print, force_drafter: bool = False) -> dict:
-    from specpilot import bootstrap
+    from specpilot.entrypoints import bootstrap
     from specpilot.services.controller.records import RecordState, Records
     from specpilot.services.controller.round import load_deployment, run_deployment
     from specpilot.services.planner.local import check_agents

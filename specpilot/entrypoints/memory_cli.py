@@ -126,7 +126,7 @@ def run_serve(args) -> int:
     if args.port is not None and not 0 < args.port < 65536:
         raise ValueError(f"--port {args.port}: expected 1..65535")
     if args.service == "controller":
-        from specpilot.stack_cli import serve_controller
+        from specpilot.entrypoints.stack_cli import serve_controller
 
         args.port = args.port or 8700
         return serve_controller(args)

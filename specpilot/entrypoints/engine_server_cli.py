@@ -17,7 +17,7 @@ ENGINE_FLAGS = (("target", "--target"), ("drafter", "--drafter"), ("mode", "--mo
                 ("profile", "--profile"), ("draft_len", "--draft-len"), ("force_drafter", "--force-drafter"),
                 ("dtype", "--dtype"), ("device", "--device"), ("max_new_tokens", "--max-new-tokens"),
                 ("max_batch", "--max-batch"), ("weights", "--weights"), ("lm_head", "--lm-head"),
-                ("driver", "--driver"))
+                ("driver", "--driver"), ("draft_lens", "--draft-lens"))
 OTHER_FLAGS = (("store", "--store"), ("repo", "--repo"), ("stock_rev", "--stock-rev"))
 
 
@@ -32,11 +32,12 @@ def register(subparsers) -> None:
     g.add_argument("--target", metavar="DIR", help="target checkpoint folder (Hugging Face format)")
     g.add_argument("--drafter", metavar="DIR|ngram", help="drafter checkpoint folder, or 'ngram'")
     g.add_argument("--mode", choices=("ar", "chain", "tree"), help="default: chain with --drafter, else ar")
-    g.add_argument("--tree", metavar="POLICY", help="tree mode: best-first:N | topk:K:N | sequoia:N | chain "
-                   "(default best-first:32)")
+    g.add_argument("--tree", metavar="POLICY", help="tree mode: best-first:N | topk:K:N | sequoia:N | shared:N:C "
+                   "| chain (default best-first:32)")
     g.add_argument("--profile", metavar="FILE", help="sequoia: acceptance profile from `specpilot replay "
                    "--profile-out`")
     g.add_argument("--draft-len", type=int, metavar="N", help="drafted positions per step (default 8)")
+    g.add_argument("--draft-lens", metavar="L,L,...", help="per-request draft lengths, e.g. 16,12,8 (static driver)")
     g.add_argument("--force-drafter", action="store_true",
                    help="use a drafter whose manifest names another target, or whose vocabulary differs")
     g.add_argument("--dtype", choices=("float64", "float32", "bfloat16"), help="default float32")
@@ -62,7 +63,7 @@ def register(subparsers) -> None:
 
 
 def serve_engine(args) -> int:
-    from specpilot.cli import check_engine_flags
+    from specpilot.entrypoints.cli import check_engine_flags
     from specpilot.engine.engine import Engine, EngineConfig
 
     given = [flag for dest, flag in OTHER_FLAGS if getattr(args, dest, None) is not None]
@@ -84,7 +85,8 @@ def serve_engine(args) -> int:
                                  mode=args.mode, tree=args.tree or "best-first:32", profile=args.profile,
                                  draft_len=args.draft_len, dtype=args.dtype, device=args.device,
                                  max_new_tokens=args.max_new_tokens, weights=args.weights or "bf16",
-                                 lm_head=args.lm_head or "bf16", driver=args.driver or "auto"))
+                                 lm_head=args.lm_head or "bf16", driver=args.driver or "auto",
+                                 draft_lens=args.draft_lens))
 
     import uvicorn
 

@@ -19,7 +19,7 @@ from specpilot.services.controller.ports import Ports
 
 def find_repo() -> Path | None:
     """The git checkout this package runs from, if any (editable installs)."""
-    here = Path(__file__).resolve().parent.parent
+    here = Path(__file__).resolve().parents[2]
     try:
         return Path(gitrun.run(here, "rev-parse", "--show-toplevel", check=True).stdout.strip())
     except (gitrun.GitFailed, FileNotFoundError):
@@ -30,14 +30,27 @@ def stock_rev(repo: Path | None) -> str | None:
     return gitrun.run(repo, "rev-parse", "HEAD", check=True).stdout.strip() if repo else None
 
 
+def local_workers(repo: Path | None = None):
+    """Systems in processes of this machine (one per device), for paired runs outside a round."""
+    from specpilot.services.gpu_worker.systems import LocalWorkers
+
+    return LocalWorkers(repo)
+
+
+def seed_memory(memory_url: str) -> None:
+    """Open (migrate) the memory store at `memory_url`, seeding it when it is empty."""
+    from specpilot.services.memory_api.local import LocalMemory
+
+    LocalMemory(memory_url).close()
+
+
 def embedded(memory_url: str, repo: Path | None = None, planner=None) -> Ports:
     """Local processes for the systems, the memory store at `memory_url` and the planner in-process
     (`planner` replaces it, e.g. one with agent objects given directly)."""
-    from specpilot.services.gpu_worker.systems import LocalWorkers
     from specpilot.services.memory_api.local import LocalMemory
     from specpilot.services.planner.local import LocalPlanner
 
-    return Ports(workers=LocalWorkers(repo), memory=LocalMemory(memory_url, repo, stock_rev(repo)),
+    return Ports(workers=local_workers(repo), memory=LocalMemory(memory_url, repo, stock_rev(repo)),
                  planner=planner or LocalPlanner())
 
 
@@ -48,3 +61,15 @@ def distributed(settings, celery_app=None) -> Ports:
 
     return Ports(workers=GrpcWorkers(list(settings.workers)), memory=RestMemory(settings.memory_url),
                  planner=CeleryPlanner(celery_app or make_celery(settings.redis_url)))
+
+
+def controller_app(settings, token: str):
+    """The controller's REST app over the round records, the rounds queue, the GPU workers and the
+    memory API that `settings` names."""
+    from specpilot.queue import make_celery
+    from specpilot.services.controller.app import create_app
+    from specpilot.services.controller.records import Records
+    from specpilot.services.controller.remote import CeleryQueue, GrpcWorkers, RestMemory
+
+    return create_app(Records(settings.records_url), CeleryQueue(make_celery(settings.redis_url), settings.redis_url),
+                      GrpcWorkers(list(settings.workers)), RestMemory(settings.memory_url), settings.data_dir, token)

@@ -18,7 +18,7 @@ import random
 
 from specpilot.progress import progress_bar, progress_iter
 
-from specpilot.demo import micro_pair
+from specpilot.entrypoints.demo import micro_pair
 from specpilot.engine.engine import Engine, EngineConfig
 from specpilot.services.controller import stats
 from specpilot.services.controller.forcing import SystemOutput, calibrate_delta, check_forcing
@@ -30,7 +30,7 @@ def real_pairs(target, drafter, real_runs: int, repeats: int, progress) -> dict:
     """Real paired runs on this machine's two cores (workers in their own processes): stock against
     stock, a silent 3 % slowdown of stock, and AR against stock (on CPU micro models AR is faster)."""
     from specpilot.services.controller.pairing import judge, system
-    from specpilot.services.gpu_worker.systems import LocalWorkers
+    from specpilot.entrypoints.bootstrap import local_workers
 
     stock = {"target": str(target), "drafter": str(drafter), "mode": "chain", "max_new_tokens": 24}
     reqs = [{"id": r.id, "prompt": r.prompt} for r in stdlib_completion(limit=4)]
@@ -40,7 +40,7 @@ def real_pairs(target, drafter, real_runs: int, repeats: int, progress) -> dict:
 
     def accepted(candidate, aa=False):
         rec = judge(system(candidate), system(stock), system(stock), reqs, ["cpu:0", "cpu:1"], repeats,
-                    workers=LocalWorkers())
+                    workers=local_workers())
         if aa:  # this machine's per-run noise, as stock against itself shows it
             aa_noise.append(stats.noise_cv(stats.gain([stats.PairedSample(**x) for x in rec["samples"]])))
         bar.update(1)

@@ -111,7 +111,7 @@ class Child:
 
 class Stack:
     def __init__(self, args):
-        from specpilot.bootstrap import find_repo
+        from specpilot.entrypoints.bootstrap import find_repo
         from specpilot.settings import Settings
 
         self.data = Path(args.data).resolve()
@@ -141,9 +141,9 @@ class Stack:
                                "pass --redis URL") from None
 
     def seed_memory(self) -> None:
-        from specpilot.services.memory_api.local import LocalMemory
+        from specpilot.entrypoints.bootstrap import seed_memory
 
-        LocalMemory(self.memory_db).close()  # opens (migrates) and seeds an empty memory
+        seed_memory(self.memory_db)
 
     def child(self, name: str, argv: list[str], announce: bool = False, **env) -> Child:
         c = Child(name, argv, self.env(**env), self.data / "logs" / f"{name}.log", announce)
@@ -152,13 +152,13 @@ class Stack:
         return c
 
     def up(self) -> dict:
-        from specpilot.bootstrap import stock_rev
+        from specpilot.entrypoints.bootstrap import stock_rev
         from specpilot.queue import PLANNER_QUEUE, rounds_queue
 
         self.check_redis()
         self.seed_memory()
         py = sys.executable
-        mem = [py, "-m", "specpilot.cli", "serve", "memory-api", "--store", self.memory_db, "--host", self.host,
+        mem = [py, "-m", "specpilot.entrypoints.cli", "serve", "memory-api", "--store", self.memory_db, "--host", self.host,
                "--port", str(self.memory_port)]
         if self.repo:
             mem += ["--repo", str(self.repo), "--stock-rev", stock_rev(self.repo)]
@@ -179,12 +179,12 @@ class Stack:
         common = ["worker", "--pool", "solo", "--concurrency", "1", "--without-gossip", "--without-mingle",
                   "--loglevel", "WARNING"]
         metrics = {"rounds-worker": free_port(), "planner-worker": free_port()}
-        self.child("rounds-worker", celery + ["-A", "specpilot.services.controller.tasks"] + common
+        self.child("rounds-worker", celery + ["-A", "specpilot.entrypoints.rounds_worker"] + common
                    + ["-Q", queues, "-n", f"rounds-{os.getpid()}@%h"], SPECPILOT_METRICS_PORT=str(metrics["rounds-worker"]))
         self.child("planner-worker", celery + ["-A", "specpilot.services.planner.tasks"] + common
                    + ["-Q", PLANNER_QUEUE, "-n", f"planner-{os.getpid()}@%h"],
                    SPECPILOT_METRICS_PORT=str(metrics["planner-worker"]))
-        self.child("controller", [py, "-m", "specpilot.cli", "serve", "controller", "--host", self.host,
+        self.child("controller", [py, "-m", "specpilot.entrypoints.cli", "serve", "controller", "--host", self.host,
                                   "--port", str(self.port)])
         url = f"http://{self.host}:{self.port}"
         deadline = time.time() + 120
@@ -263,12 +263,8 @@ def run_up(args) -> int:
 def serve_controller(args) -> int:
     import uvicorn
 
-    from specpilot.queue import make_celery
-    from specpilot.services.controller.app import create_app
-    from specpilot.services.controller.records import Records
-    from specpilot.services.controller.remote import CeleryQueue, GrpcWorkers, RestMemory
+    from specpilot.entrypoints.bootstrap import controller_app
     from specpilot.settings import Settings
-
     from specpilot.sqldb import check_url
 
     s = Settings.from_env()
@@ -282,7 +278,5 @@ def serve_controller(args) -> int:
         print(f"specpilot controller: SPECPILOT_TOKEN is not set; this run's token: {token}", file=sys.stderr,
               flush=True)
     s.data_dir.mkdir(parents=True, exist_ok=True)
-    app = create_app(Records(s.records_url), CeleryQueue(make_celery(s.redis_url), s.redis_url),
-                     GrpcWorkers(list(s.workers)), RestMemory(s.memory_url), s.data_dir, token)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(controller_app(s, token), host=args.host, port=args.port, log_level="warning")
     return 0

@@ -148,10 +148,14 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=("ar", "chain", "tree"), default="chain",
                    help="ar: plain greedy; chain: stock speculative; tree: verify a draft tree (--tree)")
     p.add_argument("--tree", default=None, metavar="POLICY",
-                   help="tree mode only: best-first:N | topk:K:N | sequoia:N | chain (default best-first:32)")
+                   help="tree mode only: best-first:N | topk:K:N | sequoia:N | shared:N:C (a batch shares N nodes a "
+                   "request, at most C to one) | chain (default best-first:32)")
     p.add_argument("--profile", metavar="FILE", help="sequoia: acceptance profile from `specpilot replay --profile-out`")
     p.add_argument("--draft-len", type=int, default=8, metavar="N",
                    help=f"drafted positions per step, 1..{MAX_DRAFT_LEN} (default 8)")
+    p.add_argument("--draft-lens", default=None, metavar="L,L,...",
+                   help="per-request draft lengths, e.g. 16,12,8: each request drafts the shortest one its recent "
+                   "acceptance and the drafter's confidence allow (static driver)")
     p.add_argument("--force-drafter", action="store_true",
                    help="use a drafter whose manifest names another target, or whose vocabulary differs")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
@@ -176,7 +180,8 @@ def cmd_generate(args) -> int:
     engine = Engine(EngineConfig(target=args.target, drafter=args.drafter, mode=args.mode,
                                  tree=args.tree or "best-first:32", profile=args.profile, draft_len=args.draft_len,
                                  dtype=args.dtype, device=args.device, max_new_tokens=args.max_new_tokens,
-                                 weights=args.weights, lm_head=args.lm_head, driver=args.driver))
+                                 weights=args.weights, lm_head=args.lm_head, driver=args.driver,
+                                 draft_lens=args.draft_lens))
     prompt_ids = [engine.encode(r) for r in requests]  # checks every request before any generation
     records = [] if args.record else None
     with progress_bar(len(requests), "generate", "req", disable=len(requests) < 2 or args.json) as bar:
@@ -235,8 +240,7 @@ def cmd_pair(args) -> int:
     from specpilot.engine.checkpoint import check_system
     from specpilot.engine.engine import EngineConfig
     from specpilot.services.controller.pairing import judge, system, write_verdict
-    from specpilot.services.gpu_worker.systems import LocalWorkers
-
+    from specpilot.entrypoints.bootstrap import local_workers
     from specpilot.systemspec import parse_system
 
     example = '{"target": "DIR", "drafter": "DIR", "mode": "chain"}'
@@ -272,12 +276,15 @@ def cmd_pair(args) -> int:
         raise ValueError(f"--timeout {args.timeout}: expected a positive number of seconds")
     if args.batch < 1:
         raise ValueError(f"--batch {args.batch}: expected 1 or more requests decoded at once")
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens {args.max_new_tokens}: expected a positive integer")
     cand, inc = config(args.candidate), config(args.incumbent)
     if not args.stock and "server" in inc:
         raise ValueError(f"{args.incumbent} is a server system: give --stock (what token forcing compares against)")
     stock = config(args.stock) if args.stock else {**inc, "mode": "chain"}
     reqs = [{k: v for k, v in {"id": r.id, "prompt": r.prompt, "prompt_ids": list(r.prompt_ids) if r.prompt_ids
-             else None, "max_new_tokens": r.max_new_tokens}.items() if v is not None} for r in read_requests(args.workload)]
+             else None, "max_new_tokens": r.max_new_tokens or args.max_new_tokens}.items() if v is not None}
+            for r in read_requests(args.workload)]
     for r in reqs:
         for target, size in vocab.items():
             bad = [t for t in r.get("prompt_ids", []) if t >= size]
@@ -291,7 +298,7 @@ def cmd_pair(args) -> int:
     steps = 2 * args.repeats * (2 if len(devices) == 1 else 1)
     with progress_bar(2 * steps, "paired runs", "step", disable=args.json) as bar:
         record = judge(system(cand), system(inc), system(stock), reqs, devices, args.repeats, timeout=args.timeout,
-                       progress=bar.update, workers=LocalWorkers(), batch=args.batch)
+                       progress=bar.update, workers=local_workers(), batch=args.batch)
     path = write_verdict(record, args.verdicts)
     out = {k: record[k] for k in ("gain", "lower_bound", "stock_noise", "threshold", "accepted", "reasons",
                                   "outputs_differ", "batch")} | {"verdict": str(path)}
@@ -307,7 +314,7 @@ def cmd_pair(args) -> int:
 
 
 def cmd_selftest(args) -> int:
-    from specpilot.selftest import run_selftest
+    from specpilot.entrypoints.selftest import run_selftest
 
     if args.trials < 1 or args.real_runs < 0 or args.repeats < 2:
         raise ValueError(f"--trials {args.trials} / --real-runs {args.real_runs} / --repeats {args.repeats}: expected "
@@ -339,8 +346,8 @@ def cmd_selftest(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from specpilot.memory_cli import default_url
-    from specpilot.round_cli import run_demo
+    from specpilot.entrypoints.memory_cli import default_url
+    from specpilot.entrypoints.round_cli import run_demo
     from specpilot.sqldb import check_url
 
     if args.rounds < 1:
@@ -390,7 +397,7 @@ def demo_headline(out: dict, store: str, custom_store: bool) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from specpilot import costmodel_cli, engine_server_cli, force_cli, memory_cli, round_cli, stack_cli, w12_cli
+    from specpilot.entrypoints import costmodel_cli, engine_server_cli, force_cli, memory_cli, round_cli, stack_cli, w12_cli
     from specpilot.zoo import cli as zoo_cli
 
     parser = Parser(prog="specpilot", description=__doc__)
@@ -433,6 +440,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--repeats", type=int, default=14, metavar="N", help="swapped pairs per comparison (default 14)")
     pr.add_argument("--batch", type=int, default=1, metavar="N",
                     help="requests decoded at once in every timed run (continuous batching; default 1)")
+    pr.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
+                    help="token limit of each request that sets none, the same for every system (default 64)")
     pr.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per worker call (default 600 s)")
     pr.add_argument("--verdicts", default="verdicts", metavar="DIR", help="where verdict records are stored")
     pr.add_argument("--json", action="store_true", help="print one JSON object")
