@@ -45,6 +45,9 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--tree", default=None, metavar="POLICY", help="drafter modes verify this tree policy (e.g. "
+                    "best-first:8, shared:8:16) instead of a chain")
+    ap.add_argument("--draft-lens", default=None, metavar="L,L,...", help="per-request draft lengths (EngineConfig)")
     ap.add_argument("--modes", default="ar,chain,block", help="ar | chain (the n-gram drafter) | block (a random "
                     "block drafter on the device)")
     a = ap.parse_args(argv)
@@ -62,8 +65,11 @@ def main(argv=None) -> int:
         save_drafter(random_drafter_net("block", ModelConfig(**SMALL_DENSE), seed=0), f"{tmp}/block", torch.bfloat16)
         for mode in a.modes.split(","):
             drafter = {"ar": None, "chain": "ngram", "block": f"{tmp}/block"}[mode]
-            eng = Engine(EngineConfig(target=tmp, drafter=drafter, mode="ar" if mode == "ar" else "chain", draft_len=8,
-                                      dtype="bfloat16", device=dev, max_new_tokens=a.new_tokens))
+            spec_mode = "tree" if a.tree else "chain"
+            extra = {"tree": a.tree} if a.tree and mode != "ar" else {}
+            extra.update({"draft_lens": a.draft_lens} if a.draft_lens and mode != "ar" else {})
+            eng = Engine(EngineConfig(target=tmp, drafter=drafter, mode="ar" if mode == "ar" else spec_mode, draft_len=8,
+                                      dtype="bfloat16", device=dev, max_new_tokens=a.new_tokens, **extra))
             ref = None
             for b in batches:
                 eng.generate_batch(reqs[: max(b, 2)], b) if b > 1 else eng.generate(reqs[0])  # build + capture
@@ -73,9 +79,11 @@ def main(argv=None) -> int:
                 toks = [r.tokens for r in res]
                 ref = toks if b == 1 else ref
                 n = sum(map(len, toks))
-                row = {"mode": mode, "batch": b, "seconds": round(wall, 4), "output_tokens": n,
+                row = {"mode": mode, "tree": extra.get("tree"), "draft_lens": extra.get("draft_lens"), "batch": b, "seconds": round(wall, 4), "output_tokens": n,
                        "tokens_per_s": round(n / wall, 1),
                        "tau_mean": round(sum(r.tau_mean for r in res) / len(res), 3),
+                       "verified_rows_per_step": round(sum(s.rows for r in res for s in r.steps) /
+                                                       max(1, sum(len(r.steps) for r in res)), 2),
                        "equal_to_batch_1": None if ref is None else sum(x == y for x, y in zip(toks, ref))}
                 out["runs"].append(row)
                 print(json.dumps(row), flush=True)

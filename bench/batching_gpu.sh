@@ -1,16 +1,31 @@
 #!/usr/bin/env bash
-# Batched decoding on one GPU machine, each part's output under DIR as it finishes:
+# Batched decoding on one GPU machine, each part's output under DIR as it finishes (STEPS picks them,
+# default all, in this order):
 #   equality  bench/batch_equality.py in float64 and bfloat16 (generate_batch against generate per request)
 #   batching  bench/batching.py: tokens/s at each batch size, AR, the n-gram chain, a device block drafter
+#   rows      bench/batching.py with the block drafter verifying trees: equal per-request trees
+#             (best-first:8) and a shared budget (shared:8:16) at batch 1 and 16 (capture + compile on CUDA)
 # Usage (repository root, GPU machine, package installed): bash bench/batching_gpu.sh DIR
 set -uo pipefail
 dir=${1:?usage: bash bench/batching_gpu.sh DIR}
 mkdir -p "$dir"
 export PYTHONUNBUFFERED=1
+steps=" ${STEPS:-equality batching rows} "
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv >"$dir/gpu.txt" 2>&1
-for d in float64 bfloat16; do
-    timeout "${EQ_TIMEOUT:-150}" python bench/batch_equality.py "$d" 2>&1 | grep -v Warn >"$dir/equality_$d.txt"
-done
-timeout "${BENCH_TIMEOUT:-240}" python bench/batching.py --out "$dir/batching.json" ${BATCHES:+--batches $BATCHES} \
-    >"$dir/batching.log" 2>&1
-echo "batching exit $?" >>"$dir/batching.log"
+case $steps in *" equality "*)
+    for d in float64 bfloat16; do
+        timeout "${EQ_TIMEOUT:-150}" python bench/batch_equality.py "$d" 2>&1 | grep -v Warn >"$dir/equality_$d.txt"
+    done;;
+esac
+case $steps in *" batching "*)
+    timeout "${BENCH_TIMEOUT:-240}" python bench/batching.py --out "$dir/batching.json" ${BATCHES:+--batches $BATCHES} \
+        >"$dir/batching.log" 2>&1
+    echo "batching exit $?" >>"$dir/batching.log";;
+esac
+case $steps in *" rows "*)
+    for t in best-first:8 shared:8:16; do
+        timeout "${ROWS_TIMEOUT:-120}" python bench/batching.py --modes block --tree "$t" --batches 1,16 \
+            --out "$dir/rows_${t//:/_}.json" >"$dir/rows_${t//:/_}.log" 2>&1
+        echo "rows $t exit $?" >>"$dir/rows_${t//:/_}.log"
+    done;;
+esac

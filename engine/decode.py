@@ -42,10 +42,13 @@ class StepRecord:
 @dataclass
 class Step:
     tau: int  # tokens committed by this target pass, bonus included
-    drafted: int
+    drafted: int  # this request's draft nodes the pass verified (its share of a shared budget)
     t_draft: float
     t_verify: float
     t_commit: float
+    rows: int = 0  # rows the pass verified: every lane's, padding and idle lanes included (0: not told)
+    lanes: int = 1  # requests the pass decoded
+    positions: int = 0  # drafted positions this request's tree could use (its draft length; 0: none drafted)
 
 
 @dataclass
@@ -162,6 +165,7 @@ def generate(target: Model, prompt: list[int], max_new_tokens: int, drafter: Dra
             drafter.observe(committed, emitted, out.features[0, path] if out.features is not None else None)
         te = clock(dev)
         res.steps.append(Step(tau=len(path), drafted=len(tree) - 1, t_draft=(tb - ta) + (te - td),
-                              t_verify=tc - tb, t_commit=td - tc))
+                              t_verify=tc - tb, t_commit=td - tc, rows=len(tree),
+                              positions=lattice.positions if lattice is not None else 0))
     res.decode_s = clock(dev) - t1
     return res

@@ -13,6 +13,7 @@ import torch
 from .checkpoint import CheckpointError, load_model
 from .decode import DRIVERS, Result, generate, pick_driver
 from .drafters import load_drafter
+from .lengths import parse as parse_draft_lens
 from .replay import make_policy
 from .trees import parse_policy
 from .weights import LM_HEADS, WEIGHTS, apply as apply_weights
@@ -26,9 +27,12 @@ class EngineConfig:
     target: str
     drafter: str | None = None  # checkpoint folder, or "ngram"
     mode: str = "chain"  # ar | chain | tree
-    tree: str = "best-first:32"  # tree mode: best-first:N | topk:K:N | sequoia:N | chain
+    tree: str = "best-first:32"  # tree mode: best-first:N | topk:K:N | sequoia:N | shared:N:C | chain
     profile: str | None = None  # sequoia: an acceptance profile (JSON) from `specpilot replay --profile-out`
     draft_len: int = 8
+    # per-request draft length: the lengths ("16,12,8", each ≤ draft_len) a request picks from, each
+    # step, by its recent acceptance (engine/lengths.py); None: every request drafts draft_len
+    draft_lens: str | None = None
     dtype: str = "float32"
     device: str = "cpu"
     max_new_tokens: int = 64
@@ -64,6 +68,13 @@ class EngineConfig:
             parse_defect(self.defect)
         if self.draft_len < 1 or self.max_new_tokens < 1:
             raise ValueError("draft_len and max_new_tokens must be positive")
+        if self.draft_lens is not None:
+            parse_draft_lens(self.draft_lens, self.draft_len)
+            if self.mode == "ar":
+                raise ValueError(f"draft_lens {self.draft_lens!r}: mode 'ar' drafts nothing (use chain or tree)")
+            if self.driver == "eager":
+                raise ValueError(f"draft_lens {self.draft_lens!r}: runs on the static driver; driver 'eager' "
+                                 "cannot run it (use 'auto' or 'static')")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"device {self.device!r} asked for, but CUDA is not available here; use --device cpu")
 
@@ -137,6 +148,14 @@ class Engine:
         if cfg.mode == "tree":
             self.policy = make_policy(cfg.tree, read_profile(cfg.profile) if cfg.profile else None)
         self.driver = pick_driver(self.target, self.drafter, self.policy, cfg.driver)  # static | eager
+        self.lengths = parse_draft_lens(cfg.draft_lens, cfg.draft_len) if cfg.draft_lens else None
+        if self.lengths:  # the static driver's mechanism, at every batch size
+            from . import fast
+
+            why = fast.unsupported(self.drafter, self.policy)
+            if why:
+                raise ValueError(f"draft_lens {cfg.draft_lens!r}: the static driver it runs on cannot run {why}")
+            self.driver = "static"
 
     def encode(self, req) -> list[int]:
         if getattr(req, "prompt_ids", None) is not None:
@@ -156,9 +175,16 @@ class Engine:
 
     def generate(self, req, record: list | None = None) -> Result:
         n = getattr(req, "max_new_tokens", None) or self.cfg.max_new_tokens
+        prompt = self.encode(req)
         t0 = time.perf_counter()
-        res = generate(self.target, self.encode(req), n, self.drafter, self.cfg.draft_len,
-                       policy=self.policy, record=record, logit_bias=self.bias, driver=self.driver)
+        if self.lengths:
+            from . import fast
+
+            res = fast.decoder(self.target, self.drafter, self.cfg.draft_len, self.policy, self.bias, len(prompt) + n,
+                               lengths=self.lengths).generate(prompt, n, record=record)
+        else:
+            res = generate(self.target, prompt, n, self.drafter, self.cfg.draft_len,
+                           policy=self.policy, record=record, logit_bias=self.bias, driver=self.driver)
         self._slow(t0)
         return res
 
@@ -184,7 +210,7 @@ class Engine:
         lanes = min(batch, len(requests))
         t0 = time.perf_counter()
         dec = fast.decoder(self.target, self.drafter, self.cfg.draft_len, self.policy, self.bias,
-                           max(len(p) + n for p, n in zip(prompts, limits)), lanes)
+                           max(len(p) + n for p, n in zip(prompts, limits)), lanes, self.lengths)
         out = dec.generate_batch(prompts, limits, progress=progress)
         self._slow(t0)
         return out
@@ -232,6 +258,9 @@ class Engine:
             "tokens_per_s": n_tok / wall if wall else 0.0,
             "steps": len(steps),
             "drafted_mean": sum(s.drafted for s in steps) / len(steps) if steps else 0.0,
+            # rows its passes verified, per request and pass: every lane's rows (padding, masked
+            # rows and idle lanes included) over the requests the pass decoded
+            "verified_rows_mean": sum(s.rows / s.lanes for s in steps) / len(steps) if steps else 0.0,
             "time_s": {"draft": sum(s.t_draft for s in steps), "verify": sum(s.t_verify for s in steps),
                        "commit": sum(s.t_commit for s in steps), "total": wall},
             "driver": self.driver,

@@ -6,11 +6,18 @@ One step, all on the device: the drafter proposes a lattice (feature drafters an
 here; the n-gram drafter and other host drafters fill the lattice buffers before the step) → the
 policy's tree with a static node budget (treeops) → one target pass over its rows (StaticCache
 plans slots, positions and the ancestor mask) → greedy acceptance → K/V compaction and recurrent
-state commit → the drafter reads the accepted rows → [τ, valid rows, path tokens, bonus] into one
-buffer. Prefill runs eagerly (its length varies). `decode.generate` takes this path (driver
-"auto") whenever the target is on a CUDA device and `unsupported` names nothing; on the CPU the
-eager driver (decode.py) runs unless driver "static" is asked for, and tests run this one eagerly
-there (no graphs, no compile), in float64, against it.
+state commit → the drafter reads the accepted rows → [τ, valid rows, usable positions, path
+tokens, bonus] into one buffer. Prefill runs eagerly (its length varies). `decode.generate` takes
+this path (driver "auto") whenever the target is on a CUDA device and `unsupported` names nothing;
+on the CPU the eager driver (decode.py) runs unless driver "static" is asked for, and tests run
+this one eagerly there (no graphs, no compile), in float64, against it.
+
+At batch > 1 (lanes) two row-selection rules are options of a decoder: a shared node budget (the
+tree policy `shared:N:C`, treeops.build_shared: one best-first selection over every lane's
+lattice) and a per-request draft length (`lengths`, engine/lengths.py: each lane caps the positions
+its tree may use, from its recent acceptance). Every lane still plans the same rows (static
+shapes), so a step's record says what the pass verified (`Step.rows`: every lane's rows, padding
+and idle lanes included) beside what each request drafted (`Step.drafted`, `Step.positions`).
 
 The model code is shared: the same modules run both drivers; a StaticCache selects the static
 attention and Gated DeltaNet forms (model.py). torch.compile (on by default with graphs; set
@@ -32,7 +39,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from . import treeops, trees
+from . import lengths as draft_lengths, treeops, trees
 from .cache import StaticCache
 from .decode import Result, Step, StepRecord, clock, emit
 from .drafters import (TOP_K, DraftLM, Drafter, FeatureDrafter, Lattice, block_transitions, pointer,
@@ -178,16 +185,16 @@ def unsupported(drafter: Drafter | None, policy) -> str | None:
     return None
 
 
-def plan(drafter: Drafter | None, draft_len: int, policy) -> tuple[int, treeops.TreeSpec]:
-    """(drafted positions per step, the static tree) of a decoder for this drafter, draft length
-    and policy: a block drafter drafts at most its block."""
+def plan(drafter: Drafter | None, draft_len: int, policy, lanes: int = 1) -> tuple[int, treeops.TreeSpec]:
+    """(drafted positions per step, the static tree) of a decoder of `lanes` requests for this
+    drafter, draft length and policy: a block drafter drafts at most its block."""
     if drafter is None:
         return 0, treeops.TreeSpec("chain", 0, 0)
     block = getattr(drafter, "block_size", None)
     m = min(draft_len, block) if block and drafter.kind != "sequential" else draft_len
     name, args, shape = ("chain", (), None) if policy is None or policy is trees.chain else \
         (policy.name, policy.args, policy.shape)
-    return m, treeops.spec_for(name, args, m, shape)
+    return m, treeops.spec_for(name, args, m, shape, lanes)
 
 
 def capacity(spec: treeops.TreeSpec, max_len: int) -> int:
@@ -219,17 +226,21 @@ class FastDecoder:
     """Static buffers, a step function and (on CUDA) its captured graph for one target, drafter,
     draft length and policy, over `lanes` requests at once. `generate` decodes one request of
     prompt + max_new_tokens ≤ capacity (lanes == 1); `generate_batch` decodes many, `lanes` at a
-    time, a waiting request taking the first lane that frees (continuous batching)."""
+    time, a waiting request taking the first lane that frees (continuous batching). `lengths`: the
+    draft lengths a request may pick each step (engine/lengths.py; None: every drafted position)."""
 
     def __init__(self, target: Model, drafter: Drafter | None = None, draft_len: int = 8, policy=None,
                  max_len: int = 1024, graphs: bool | None = None, compile: bool | None = None,
-                 logit_bias: torch.Tensor | None = None, lanes: int = 1):
+                 logit_bias: torch.Tensor | None = None, lanes: int = 1, lengths: tuple[int, ...] | None = None):
         if lanes < 1:
             raise ValueError(f"lanes {lanes}: a decoder runs at least one request")
+        if lengths is not None and (drafter is None or not lengths or min(lengths) < 1):
+            raise ValueError(f"lengths {lengths!r}: positive draft lengths, for a decoder with a drafter")
         with on_device(target.lm_head_weight.device):
-            self._build(target, drafter, draft_len, policy, max_len, graphs, compile, logit_bias, lanes)
+            self._build(target, drafter, draft_len, policy, max_len, graphs, compile, logit_bias, lanes, lengths)
 
-    def _build(self, target, drafter, draft_len, policy, max_len, graphs, compile, logit_bias, lanes) -> None:
+    def _build(self, target, drafter, draft_len, policy, max_len, graphs, compile, logit_bias, lanes,
+               lengths=None) -> None:
         dev = target.lm_head_weight.device
         self.target, self.dev, self.drafter, self.lanes = target.fuse(), dev, drafter, lanes
         self.graphs = dev.type == "cuda" if graphs is None else graphs
@@ -238,7 +249,7 @@ class FastDecoder:
         self.bias_source = logit_bias  # kept: `decoder` tells biases apart by identity
         self.bias = logit_bias.to(dev, target.dtype) if logit_bias is not None else None
         self.layers, self.device_draft, self.hosts, self.tables = (), None, [], None
-        self.m, self.spec = plan(drafter, draft_len, policy)
+        self.m, self.spec = plan(drafter, draft_len, policy, lanes)
         if drafter is not None:
             self.tables = treeops.sequoia_tables(self.spec, dev) if self.spec.kind == "sequoia" else None
             self.lat = (torch.full((lanes, self.m, TOP_K), -1, dtype=torch.long, device=dev),
@@ -256,7 +267,14 @@ class FastDecoder:
         self.capacity = capacity(self.spec, max_len)
         self.root = torch.zeros(lanes, dtype=torch.long, device=dev)
         self.active = torch.zeros(lanes, dtype=torch.long, device=dev)  # 1: the lane holds a request
-        self.out = torch.zeros(lanes, 3 + self.path_len, dtype=torch.long, device=dev)
+        # per-request draft length: the options (ascending, at most m), each lane's recent
+        # acceptance and the positions its tree may use this step
+        self.options = None if lengths is None else \
+            torch.tensor(sorted({min(x, self.m) for x in lengths}), dtype=torch.long, device=dev)
+        self.recent = torch.zeros(lanes, dtype=torch.float64, device=dev)
+        self.positions = torch.full((lanes,), self.m, dtype=torch.long, device=dev)
+        # a step's result per lane: [τ, drafted nodes, usable positions, accepted path rows..., bonus]
+        self.out = torch.zeros(lanes, 4 + self.path_len, dtype=torch.long, device=dev)
         self.rec = None  # (tree rows, argmax) of the last step, for records
         self.staging = None  # pinned host copies of the lattice buffers (host drafters)
         if self.graphs:  # two pinned output buffers: a step's result is read while the next one runs
@@ -285,9 +303,15 @@ class FastDecoder:
                 self.lat[2].copy_(trans)
         else:  # a host drafter without transitions: a chain takes each position's top-1, no walk
             trans = self.lat[2] if self.host.transitions else None
-        rows = [treeops.build(self.spec, self.root[b : b + 1], self.lat[0][b], self.lat[1][b],
-                              None if trans is None else self.lat[2][b], self.tables) for b in range(B)]
-        return treeops.TreeRows(*(torch.stack(f) for f in zip(*rows)))
+        tok, logp = self.lat[0], self.lat[1]
+        if self.options is not None:  # each lane's draft length: later positions are no candidates
+            sure = draft_lengths.confident(tok, logp)
+            self.positions.copy_(draft_lengths.pick(self.options, self.recent, sure))
+            tok, logp = draft_lengths.clip(tok, logp, self.positions)
+        trans = None if trans is None else self.lat[2]
+        if self.spec.kind == "shared":
+            return treeops.build_shared(self.spec, self.root, tok, logp, trans, self.active)
+        return treeops.build_lanes(self.spec, self.root, tok, logp, trans, self.tables)
 
     def _step(self):
         tree = self._tree()
@@ -299,12 +323,12 @@ class FastDecoder:
         out = self.target(tree.tokens, self.cache, feature_layers=self.layers, greedy=self.bias is None)
         argmax = out.argmax if self.bias is None else (out.logits + self.bias).argmax(-1)  # [lanes, R]
         anc = self.cache.ctx.anc
-        acc = [treeops.accept(treeops.TreeRows(*(f[b] for f in tree)), argmax[b], anc[b], self.path_len)
-               for b in range(self.lanes)]
-        path = torch.stack([p for p, _ in acc])  # [lanes, D]
-        tau = torch.stack([t for _, t in acc]) * self.active  # an idle lane commits nothing
+        path, tau = treeops.accept(tree, argmax, anc, self.path_len)  # [lanes, D], [lanes]
+        tau = tau * self.active  # an idle lane commits nothing
         bonus = argmax.gather(1, path.gather(1, (tau - 1).clamp_min(0)[:, None]))  # [lanes, 1]
         self.cache.commit(path, tau, compact=self.spec.kind != "chain")
+        if self.options is not None:
+            self.recent.copy_(draft_lengths.update(self.recent, tau, self.active))
         path_tokens = tree.tokens.gather(1, path)
         if self.device_draft is not None:  # each lane's next tokens: its path's, the bonus at τ
             nxt = torch.cat((path_tokens[:, 1:], bonus), 1)
@@ -313,7 +337,8 @@ class FastDecoder:
                 out.features.gather(1, path[..., None].expand(-1, -1, out.features.shape[-1]))
             self.device_draft.observe(path_tokens, nxt, feats, tau)
         self.root.copy_(bonus[:, 0])
-        self.out.copy_(torch.cat((tau[:, None], tree.valid.sum(1, keepdim=True) - 1, path_tokens, bonus), 1))
+        self.out.copy_(torch.cat((tau[:, None], tree.valid.sum(1, keepdim=True) - 1, self.positions[:, None],
+                                  path_tokens, bonus), 1))
         self.rec = (tree, argmax)
 
     @torch.no_grad()
@@ -352,6 +377,8 @@ class FastDecoder:
         first = out.argmax[0, -1:] if self.bias is None else (out.logits[0, -1] + self.bias).argmax().view(1)
         self.root[lane : lane + 1] = first
         self.active[lane] = 1
+        if self.options is not None:
+            self.recent[lane] = draft_lengths.start(self.options)
         if self.device_draft is not None:
             self.device_draft.prefill(ids, first, out.features[0] if out.features is not None else None, lane)
         return first
@@ -429,7 +456,7 @@ class FastDecoder:
             else:
                 self.graph.replay() if self.graph is not None else self.fn()
                 vals = self.out[0].tolist()  # the step's one read
-            tau, drafted, committed, bonus = vals[0], vals[1], vals[2 : 2 + vals[0]], vals[-1]
+            tau, drafted, positions, committed, bonus = vals[0], vals[1], vals[2], vals[3 : 3 + vals[0]], vals[-1]
             emitted = committed[1:] + [bonus]
             if record is not None:
                 record.append(self._record(lattice, room, tau, emitted))
@@ -437,7 +464,7 @@ class FastDecoder:
             if self.host is not None and not done:
                 self.host.observe(committed, emitted, None)
             res.steps.append(Step(tau=tau, drafted=drafted, t_draft=0.0, t_verify=time.perf_counter() - ta,
-                                  t_commit=0.0))
+                                  t_commit=0.0, rows=self.spec.rows, positions=positions))
         if ahead and res.steps:
             self.events[k].synchronize()
         res.decode_s = time.perf_counter() - t1
@@ -497,13 +524,15 @@ class FastDecoder:
             self.graph.replay() if self.graph is not None else self.fn()
             rows = self.out.tolist()  # the step's one read, for every lane
             wall = time.perf_counter() - ta
+            busy = sum(i is not None for i in held)
             for lane, i in enumerate(held):
                 if i is None:
                     continue
-                tau, drafted, committed, bonus = rows[lane][0], rows[lane][1], rows[lane][2 : 2 + rows[lane][0]], \
-                    rows[lane][-1]
+                tau, drafted, positions, bonus = rows[lane][:3] + rows[lane][-1:]
+                committed = rows[lane][3 : 3 + tau]
                 emitted = committed[1:] + [bonus]
-                results[i].steps.append(Step(tau=tau, drafted=drafted, t_draft=0.0, t_verify=wall, t_commit=0.0))
+                results[i].steps.append(Step(tau=tau, drafted=drafted, t_draft=0.0, t_verify=wall, t_commit=0.0,
+                                             rows=self.lanes * self.spec.rows, lanes=busy, positions=positions))
                 if emit(results[i].tokens, emitted, eos, limits[i]):
                     finish(lane, i)
                 elif self.hosts:
@@ -547,17 +576,18 @@ class _Decoders(dict):
 
 
 def decoder(target: Model, drafter: Drafter | None, draft_len: int, policy, logit_bias, need: int,
-            lanes: int = 1) -> FastDecoder:
-    """The target's decoder for this drafter / draft length / policy / bias / lanes, built (and
+            lanes: int = 1, lengths: tuple[int, ...] | None = None) -> FastDecoder:
+    """The target's decoder for this drafter / draft length / policy / bias / lanes / draft lengths, built (and
     captured) once, and rebuilt larger (`size_for`) when a request needs more than its capacity.
     Decoders hold their target, so they are kept on it (`_static_decoders`): the cycle dies with
     the target."""
     key = (id(drafter), draft_len, policy if isinstance(policy, trees.TreePolicy) else None,
-           None if logit_bias is None else id(logit_bias), target.lm_head_weight.device, target.dtype, lanes)
+           None if logit_bias is None else id(logit_bias), target.lm_head_weight.device, target.dtype, lanes, lengths)
     mine = target.__dict__.setdefault("_static_decoders", _Decoders())
     dec = mine.get(key)
     if dec is None or dec.capacity < need:
         mine.pop(key, None)
-        size = size_for(plan(drafter, draft_len, policy)[1], need)
-        dec = mine[key] = FastDecoder(target, drafter, draft_len, policy, size, logit_bias=logit_bias, lanes=lanes)
+        size = size_for(plan(drafter, draft_len, policy, lanes)[1], need)
+        dec = mine[key] = FastDecoder(target, drafter, draft_len, policy, size, logit_bias=logit_bias, lanes=lanes,
+                                      lengths=lengths)
     return dec

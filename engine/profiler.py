@@ -30,6 +30,10 @@ boundary synchronizes the device first on CUDA (`torch.cuda.synchronize`) and re
 host and device work) — compare `step_wall` with `reference_step_wall` (the same run unprofiled)
 for the off-profile factor. T_AR is the mean step of an unprofiled AR run on the same engine.
 
+At a batch (`profile_batch`) the profile is the static driver's, through the decoder that
+`Engine.generate_batch` runs: each step's wall time from `generate_batch`, its split by
+`class_times` at the batch's shapes (every lane's rows), T_AR the AR step at the same batch.
+
 Step boundaries are generate's own clocks: T_step = t_draft + t_verify + t_commit of its `Step`
 records. Events are assigned to steps by the target-forward count: propose / policy / ancestor
 mask belong to the next pass, module hooks / accept / observe to the latest one; the prefill pass
@@ -80,10 +84,11 @@ class ClassStat(NamedTuple):
 
 @dataclass
 class StepProfile:
-    n: int  # rows verified by this pass (root included)
-    tau: int  # tokens committed (accepted path, root included)
+    n: int  # rows verified by this pass (root included; at a batch, every lane's rows)
+    tau: int  # tokens committed (accepted path, root included; at a batch, summed over its requests)
     t_step: float  # generate's measured step wall time (profiled run)
     kernels: dict[str, ClassStat]
+    requests: int = 1  # requests the pass decoded (τ per request = tau / requests)
 
     @property
     def profiled_seconds(self) -> float:
@@ -102,9 +107,10 @@ class ProfileResult:
     steps: list[StepProfile]
     step_wall: list[float]  # profiled run, per step
     reference_step_wall: list[float]  # unprofiled run, per step
-    t_ar: float  # mean step of the unprofiled AR run
+    t_ar: float  # mean step of the unprofiled AR run (at a batch: the AR step at that batch)
     device: str = "cpu"
     by_n: dict[int, StepProfile] = field(default_factory=dict)  # mean step per N
+    batch: int = 1  # requests decoded at once; above 1 the token lists hold one list per request
 
     @property
     def tokens_match(self) -> bool:
@@ -112,12 +118,12 @@ class ProfileResult:
 
 
 def mean_step(steps: list[StepProfile]) -> StepProfile:
-    """The mean of steps (all classes present in each)."""
+    """The mean of steps (all classes present in each; τ and the requests rounded)."""
     k = len(steps)
     kernels = {c: ClassStat(*(sum(s.kernels[c][i] for s in steps) / k for i in range(3))) for c in KERNEL_CLASSES}
     ns = {s.n for s in steps}
     return StepProfile(ns.pop() if len(ns) == 1 else -1, round(sum(s.tau for s in steps) / k),
-                       sum(s.t_step for s in steps) / k, kernels)
+                       sum(s.t_step for s in steps) / k, kernels, max(1, round(sum(s.requests for s in steps) / k)))
 
 
 def _nbytes(t) -> int:
@@ -353,17 +359,20 @@ def profile_generate(target: Model, prompt: list[int], max_new_tokens: int, draf
 
 
 # ---- the static-shape path (CUDA) --------------------------------------------------------------
+@torch.no_grad()
 def class_times(dec, reps: int = 30) -> dict[str, ClassStat]:
-    """Device time of each kernel class of one step of a FastDecoder, at the step's shapes: every
-    class's operations captured alone in a CUDA graph and timed over `reps` replays with CUDA
-    events (no host in the measurement: the kernel factor describes the device). On the CPU (the
-    driver run eagerly, for tests) the same operations are timed with perf_counter. Bytes and
-    FLOPs are counted from the same shapes as the eager profiler's."""
+    """Device time of each kernel class of one step of a FastDecoder, at the step's shapes (every
+    lane's rows: B lanes of R rows verify B·R rows): every class's operations captured alone in a
+    CUDA graph and timed over `reps` replays with CUDA events (no host in the measurement: the
+    kernel factor describes the device). On the CPU (the driver run eagerly, for tests) the same
+    operations are timed with perf_counter. Bytes and FLOPs are counted from the same shapes as the
+    eager profiler's. The tree is the decoder's own (`_tree`: its policy, row selection included)
+    less the drafter's proposal inside it."""
     from . import treeops
     from .gdn import tree_gated_delta_rule
     from .model import attend
 
-    tgt, cache, R = dec.target, dec.cache, dec.spec.rows
+    tgt, cache, R, B = dec.target, dec.cache, dec.spec.rows, dec.lanes
     cfg, dt, dev = tgt.cfg, tgt.dtype, dec.dev
     g = torch.Generator(device=dev).manual_seed(0)
     rnd = lambda *s: torch.randn(*s, device=dev, dtype=dt, generator=g)  # noqa: E731
@@ -371,54 +380,66 @@ def class_times(dec, reps: int = 30) -> dict[str, ClassStat]:
     out: dict[str, ClassStat] = {}
 
     projs = [p for blk in tgt.model.layers for p in _projections(blk)]
-    xs = {p.in_features: rnd(R, p.in_features) for p in projs}
+    xs = {p.in_features: rnd(B * R, p.in_features) for p in projs}
     out["target_linear"] = ClassStat(
         _device_time(lambda: [p(xs[p.in_features]) for p in projs], dev, reps),
-        sum(_weight_bytes(p) + R * (p.in_features + p.out_features) * e for p in projs),
-        sum(2.0 * R * p.in_features * p.out_features for p in projs))
-    head, hx = tgt.lm_head_weight, rnd(R, cfg.hidden_size)
+        sum(_weight_bytes(p) + B * R * (p.in_features + p.out_features) * e for p in projs),
+        sum(2.0 * B * R * p.in_features * p.out_features for p in projs))
+    head, hx = tgt.lm_head_weight, rnd(B * R, cfg.hidden_size)
     own = tgt.greedy_head or tgt.head  # the head a step runs, when it is not the dense one
     run_head = tgt.greedy_head.argmax if tgt.greedy_head else tgt.head or (lambda h: torch.nn.functional.linear(h, head))
     out["lm_head"] = ClassStat(_device_time(lambda: run_head(hx), dev, reps),
-                               (_weight_bytes(own) if own else _nbytes(head)) + R * (head.shape[1] + head.shape[0]) * e,
-                               2.0 * R * head.numel())
-    cache.plan(R)  # a chain of R rows past the committed length: the mask a step's pass reads
+                               (_weight_bytes(own) if own else _nbytes(head))
+                               + B * R * (head.shape[1] + head.shape[0]) * e,
+                               2.0 * B * R * head.numel())
+    cache.plan(R)  # a chain of R rows past each lane's committed length: the mask a step's pass reads
     attn = [i for i, t in enumerate(cfg.layer_types) if t != "linear_attention"]
-    q = rnd(1, cfg.num_attention_heads, R, cfg.head_dim)
+    q = rnd(B, cfg.num_attention_heads, R, cfg.head_dim)
     keys = cache.max_len
     out["attention"] = ClassStat(
         _device_time(lambda: [attend(q, cache.k[i], cache.v[i], cache.ctx.mask) for i in attn], dev, reps),
-        len(attn) * (2 * keys * cfg.num_key_value_heads * cfg.head_dim * e + 2 * R * cfg.num_attention_heads
-                     * cfg.head_dim * e),
-        len(attn) * 4.0 * R * keys * cfg.head_dim * cfg.num_attention_heads)
+        len(attn) * B * (2 * keys * cfg.num_key_value_heads * cfg.head_dim * e + 2 * R * cfg.num_attention_heads
+                         * cfg.head_dim * e),
+        len(attn) * 4.0 * B * R * keys * cfg.head_dim * cfg.num_attention_heads)
     gdn = list(cache.h)
     if gdn:
         H, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
         sdt = cache.h[gdn[0]].dtype
-        qk = [torch.nn.functional.normalize(torch.randn(R, H, dk, device=dev, dtype=sdt, generator=g), dim=-1)
-              for _ in range(2)]
-        v = torch.randn(R, H, dv, device=dev, dtype=sdt, generator=g)
-        gate, beta = -torch.rand(R, H, device=dev, dtype=sdt, generator=g), torch.rand(R, H, device=dev, dtype=sdt,
-                                                                                        generator=g)
+        srnd = lambda *s: torch.randn(*s, device=dev, dtype=sdt, generator=g)  # noqa: E731
+        qk = [torch.nn.functional.normalize(srnd(B, R, H, dk), dim=-1) for _ in range(2)]
+        v = srnd(B, R, H, dv)
+        gate = -torch.rand(B, R, H, device=dev, dtype=sdt, generator=g)
+        beta = torch.rand(B, R, H, device=dev, dtype=sdt, generator=g)
         anc = cache.ctx.anc
         se = torch.empty((), dtype=sdt).element_size()
         out["recurrent"] = ClassStat(
             _device_time(lambda: [tree_gated_delta_rule(*qk, v, gate, beta, cache.h[i], anc) for i in gdn], dev, reps),
-            len(gdn) * (2 * H * dk * dv * se + R * (2 * dk + 2 * dv) * H * se), len(gdn) * 4.0 * R * H * dk * dv)
+            len(gdn) * B * (2 * H * dk * dv * se + R * (2 * dk + 2 * dv) * H * se),
+            len(gdn) * 4.0 * B * R * H * dk * dv)
+    drafting = 0.0
     if dec.device_draft is not None:
-        dd, length = dec.device_draft, dec.device_draft.cache.length.clone()
-        out["drafter"] = ClassStat(_device_time(lambda: dd.propose(dec.root), dev, reps))
-        dd.cache.length.copy_(length)
+        dd, lengths = dec.device_draft, dec.device_draft.cache.lengths.clone()
+        drafting = _device_time(lambda: dd.propose(dec.root), dev, reps)
+        out["drafter"] = ClassStat(drafting)
+        dd.cache.lengths.copy_(lengths)
     if dec.drafter is not None:
+        active = dec.active.clone()
+        dec.active.fill_(1)  # every lane busy, as in a full batch's step (a shared budget spans the busy lanes)
+
         def tree():
-            rows = treeops.build(dec.spec, dec.root[:1], *(t[0] for t in dec.lat), dec.tables)
+            rows = dec._tree()  # every lane's tree, fields [B, R]
             if dec.spec.kind != "chain":
                 cache.plan(R, rows.parents, rows.depth, dec.spec.max_depth)
             return rows
-        out["tree_build"] = ClassStat(_device_time(tree, dev, reps))
-        rows, logits = tree(), rnd(R, cfg.vocab_size)
+        lengths = dec.device_draft.cache.lengths.clone() if dec.device_draft is not None else None
+        out["tree_build"] = ClassStat(max(_device_time(tree, dev, reps) - drafting, 0.0))
+        rows, logits = tree(), rnd(B, R, cfg.vocab_size)
+        if lengths is not None:
+            dec.device_draft.cache.lengths.copy_(lengths)
         out["sampling_acceptance"] = ClassStat(_device_time(
-            lambda: treeops.accept(rows, logits.argmax(-1), cache.ctx.anc[0], dec.path_len), dev, reps))
+            lambda: [treeops.accept(treeops.TreeRows(*(f[b] for f in rows)), logits[b].argmax(-1), cache.ctx.anc[b],
+                                    dec.path_len) for b in range(B)], dev, reps))
+        dec.active.copy_(active)
     return {c: out.get(c, ClassStat(0.0)) for c in MEASURED}
 
 
@@ -496,3 +517,66 @@ def profile_static(target: Model, prompt: list[int], max_new_tokens: int, drafte
     return ProfileResult(tokens=res.tokens, reference_tokens=res.tokens, ar_tokens=ar.tokens, steps=steps,
                          step_wall=walls, reference_step_wall=walls, t_ar=sum(ar_walls) / len(ar_walls) if ar_walls
                          else 0.0, device=str(dec.dev), by_n={n: mean_step(g) for n, g in sorted(groups.items())})
+
+
+# ---- at a batch (the static driver's generate_batch) -----------------------------------------------
+def lane_groups(prompts: list[list[int]], batch: int) -> list[list[list[int]]]:
+    """The prompts as batches of `batch` requests, every batch full: ceil(len / batch) batches in
+    order, the last one topped up from the first prompts."""
+    if not prompts:
+        raise ValueError("profile: no prompts")
+    k = -(-len(prompts) // batch)
+    return [[prompts[(j * batch + i) % len(prompts)] for i in range(batch)] for j in range(k)]
+
+
+def batch_steps(results: list[decode.Result]) -> list[tuple[float, int, int]]:
+    """(wall, Σ τ, requests) per step of one `generate_batch` over no more requests than lanes:
+    every request is admitted before the first step, so step j of each request that took part is
+    the batch's step j, timed as the whole step."""
+    out = []
+    for j in range(max((len(r.steps) for r in results), default=0)):
+        mine = [r.steps[j] for r in results if len(r.steps) > j]
+        out.append((mine[0].t_draft + mine[0].t_verify + mine[0].t_commit, sum(s.tau for s in mine), len(mine)))
+    return out
+
+
+def profile_batch(target: Model, prompts: list[list[int]], max_new_tokens: int, batch: int, drafter=None,
+                  draft_len: int = 8, policy=None, eos: set[int] | None = None, logit_bias=None,
+                  lengths=None) -> ProfileResult:
+    """`profile_static` at a batch: the decoder `Engine.generate_batch` runs (`fast.decoder` with
+    `batch` lanes, its bias and draft lengths) decodes the prompts `batch` at a time (`lane_groups`),
+    after one untimed batch. A step verifies every lane's rows (batch × the tree's rows); its time
+    is the batch's step, its τ the sum over the requests it decoded. T_AR is the AR decoder's step
+    at the same batch on the same prompts. The split is `class_times` at the batch's shapes."""
+    from . import fast
+
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise ValueError(f"batch {batch!r}: expected a positive integer (requests decoded at once)")
+    why = fast.unsupported(drafter, policy)
+    if why:
+        raise ValueError(f"batch {batch}: batched decoding cannot run {why}")
+    groups = lane_groups(prompts, batch)
+    need = max(len(p) for p in prompts) + max_new_tokens
+    extra = {"lengths": lengths} if lengths else {}
+    dec_ar = fast.decoder(target, None, draft_len, None, None, need, batch)
+    dec = fast.decoder(target, drafter, draft_len, policy, logit_bias, need, batch, **extra) \
+        if drafter is not None or logit_bias is not None else dec_ar
+    limits = [max_new_tokens] * batch
+    for d in {id(dec_ar): dec_ar, id(dec): dec}.values():  # warm-up, untimed
+        d.generate_batch(groups[0], limits, eos)
+    ar_tokens, tokens, ar_steps, raw = [], [], [], []
+    for group in groups:
+        ar = dec_ar.generate_batch(group, limits, eos)
+        res = dec.generate_batch(group, limits, eos) if dec is not dec_ar else ar
+        ar_tokens += [r.tokens for r in ar]
+        tokens += [r.tokens for r in res]
+        ar_steps += batch_steps(ar)
+        raw += batch_steps(res)
+    split, rows = class_times(dec), batch * dec.spec.rows
+    split_s = sum(v.seconds for v in split.values())
+    steps = [StepProfile(rows, tau, wall, {**split, "other": ClassStat(max(wall - split_s, 0.0))}, requests)
+             for wall, tau, requests in raw]
+    walls = [s.t_step for s in steps]
+    return ProfileResult(tokens=tokens, reference_tokens=tokens, ar_tokens=ar_tokens, steps=steps, step_wall=walls,
+                         reference_step_wall=walls, t_ar=sum(w for w, _, _ in ar_steps) / len(ar_steps) if ar_steps
+                         else 0.0, device=str(dec.dev), by_n={rows: mean_step(steps)} if steps else {}, batch=batch)

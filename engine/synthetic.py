@@ -4,6 +4,7 @@ fallback and benchmarks (decode speed does not depend on weight values)."""
 from __future__ import annotations
 
 import copy
+import math
 import random
 
 import torch
@@ -130,9 +131,11 @@ class NoisyOracle(Drafter):
     below), so best-first, top-k and Sequoia trees spend their nodes along the top-1 chain and go
     as deep as the draft length allows. With `markov` the lattice carries random parent → child
     transitions (each child's own score plus Gaussian noise), which exercises the trees' Markov
-    scoring. `continuation` must run past the tokens a run generates by the draft length (the
-    static driver drafts its full length even at the token limit); past its end the drafter
-    proposes random tokens.
+    scoring. With `calibrated` the scores say how reliable the drafter is: the top-1's probability
+    is 1 - p and the others share p, so requests of different `p` differ in confidence too.
+    `continuation` must run past the tokens a run generates by the draft length (the static driver
+    drafts its full length even at the token limit); past its end the drafter proposes random
+    tokens.
 
     Every proposal draws from one seeded generator, so a run is reproducible as long as the
     driver makes the same observe / propose calls."""
@@ -140,13 +143,13 @@ class NoisyOracle(Drafter):
     kind = "noisy_oracle"
 
     def __init__(self, continuation: list[int], prompt_len: int, p: float, seed: int = 0, vocab: int = 97,
-                 k: int = 4, markov: bool = False):
+                 k: int = 4, markov: bool = False, calibrated: bool = False):
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"NoisyOracle: p = {p}; expected a probability in [0, 1]")
         if not 2 <= k <= min(TOP_K, vocab):
             raise ValueError(f"NoisyOracle: k = {k}; expected 2 ≤ k ≤ min({TOP_K}, vocab)")
         self.cont, self.prompt_len, self.p, self.seed = list(continuation), prompt_len, p, seed
-        self.vocab, self.k, self.transitions = vocab, k, markov
+        self.vocab, self.k, self.transitions, self.calibrated = vocab, k, markov, calibrated
         self.reset(0)
 
     def reset(self, max_len: int) -> None:
@@ -171,8 +174,13 @@ class NoisyOracle(Drafter):
             rank = rng.randrange(1, k + 1) if rng.random() < self.p else 0  # rank k: missing
             row = (others[:rank] + [true] + others[rank:])[:k]
             tokens[i, :k] = torch.tensor(row)
-            logp[i, :k] = torch.tensor([-0.05] + [-4.0 - r - rng.random() for r in range(k - 1)],
-                                       dtype=torch.float64)
+            if self.calibrated:  # (the others a little apart: no exact ties)
+                lead, rest = math.log(max(1 - self.p, 1e-6)), math.log(max(self.p, 1e-6) / (k - 1))
+                logp[i, :k] = torch.tensor([lead] + [rest - 0.01 * (r + rng.random()) for r in range(k - 1)],
+                                           dtype=torch.float64)
+            else:
+                logp[i, :k] = torch.tensor([-0.05] + [-4.0 - r - rng.random() for r in range(k - 1)],
+                                           dtype=torch.float64)
         trans = None
         if self.transitions and m > 1:
             noise = torch.randn(m - 1, TOP_K, TOP_K, generator=self.gen, dtype=torch.float64)

@@ -10,6 +10,10 @@ Scores are those of trees.py: log-softmax over each position's top-k, parent-con
 lattice has Markov transitions. The device selects by `torch.topk` on score − ε·depth, which keeps
 the selection prefix-closed (a child never outranks its parent) without a sequential heap; trees
 equal trees.py's wherever no two candidates tie exactly.
+
+A batch's shared budget (`shared:N:C`, `build_shared`) is one such selection over every active
+lane's lattice: each lane's C best nodes (its largest possible share, the rows every lane plans),
+then the B·N best of those across lanes; a lane's rows outside its share are invalid.
 """
 
 from __future__ import annotations
@@ -34,19 +38,23 @@ class TreeSpec:
     max_depth: int
     beam: int = 0  # topk: K
     shape: tuple[tuple[int, int, int], ...] = ()  # sequoia: (position, candidate rank, parent row)
+    share: int = 0  # shared: nodes per active request in all (`nodes` is one request's cap)
 
     @property
     def rows(self) -> int:
         return self.nodes + 1
 
 
-def spec_for(name: str, args: tuple[int, ...], positions: int, profile_shape=None) -> TreeSpec:
-    """The static tree of policy (name, args) over a lattice of `positions` drafted positions."""
+def spec_for(name: str, args: tuple[int, ...], positions: int, profile_shape=None, lanes: int = 1) -> TreeSpec:
+    """The static tree of policy (name, args) over a lattice of `positions` drafted positions, for
+    a decoder of `lanes` requests (a shared budget over one lane is best-first:N)."""
     depth = min(positions, trees.MAX_DEPTH)
     if name == "chain":
         return TreeSpec("chain", positions, positions)
-    if name == "best-first":
+    if name == "best-first" or (name == "shared" and lanes == 1):
         return TreeSpec("best-first", args[0], depth)
+    if name == "shared":
+        return TreeSpec("shared", args[1], depth, share=args[0])
     if name == "topk":
         return TreeSpec("topk", args[1], depth, beam=args[0])
     if name == "sequoia":
@@ -95,6 +103,37 @@ def build(spec: TreeSpec, root: torch.Tensor, tokens: torch.Tensor, logp: torch.
     return (_best_first if spec.kind == "best-first" else _topk)(spec, root, tokens, node, tr)
 
 
+def build_lanes(spec: TreeSpec, roots: torch.Tensor, tokens: torch.Tensor, logp: torch.Tensor,
+                trans: torch.Tensor | None = None, tables: tuple[torch.Tensor, ...] | None = None) -> TreeRows:
+    """`build` for a tree per lane: roots [B], lattices [B, m, k] (trans [B, m-1, k, k] or None);
+    fields [B, R]. A chain is built for every lane in the same kernels (`_chain_lanes`); the other
+    kinds lane by lane."""
+    if spec.kind == "chain":
+        return _chain_lanes(spec, roots, tokens, trans)
+    rows = [build(spec, roots[b : b + 1], tokens[b], logp[b], None if trans is None else trans[b], tables)
+            for b in range(tokens.shape[0])]
+    return TreeRows(*(torch.stack(f) for f in zip(*rows)))
+
+
+def _chain_lanes(spec, roots, tokens, trans):
+    """`_chain` over every lane at once (the reference is `_chain`, lane by lane)."""
+    B, m, K = tokens.shape[0], spec.nodes, tokens.shape[2]
+    dev = tokens.device
+    cand = torch.zeros(B, m, dtype=torch.long, device=dev)
+    if trans is not None and m > 1:
+        picks = [cand[:, 0]]
+        for i in range(m - 1):
+            row = trans[:, i].gather(1, picks[-1][:, None, None].expand(B, 1, K))[:, 0]  # [B, K]
+            picks.append(row.masked_fill(tokens[:, i + 1] < 0, NEG).argmax(-1))
+        cand = torch.stack(picks, 1)
+    tok = tokens[:, :m].gather(2, cand[..., None])[..., 0]  # [B, m]
+    valid = (tok >= 0).long().cumprod(1).bool()
+    idx = torch.arange(m + 1, device=dev).expand(B, m + 1)
+    zero = torch.zeros(B, 1, dtype=torch.long, device=dev)
+    return TreeRows(torch.cat((roots.view(B, 1), tok.clamp_min(0)), 1), torch.cat((zero, idx[:, :m]), 1), idx,
+                    torch.cat((torch.ones(B, 1, dtype=torch.bool, device=dev), valid), 1))
+
+
 def _rows(root, tokens, pos, cand, parents, depth, valid) -> TreeRows:
     """Assemble R rows from per-node (pos, cand, parent row, depth, valid), node i → row i+1."""
     dev = tokens.device
@@ -130,10 +169,11 @@ def _sequoia(spec, root, tokens, tables):
     return _rows(root, tokens, pos, cand, par, pos + 1, valid[1:])
 
 
-def _best_first(spec, root, tokens, node, tr):
-    """Beam of the W best nodes per depth (W = budget: the global best W are among them, since a
-    node's parent outranks it), then the W best of all depths, ordered depth-major."""
-    W, D, K, dev = spec.nodes, spec.max_depth, tokens.shape[1], tokens.device
+def _pool(W, D, tokens, node, tr):
+    """Beam of the W best nodes per depth (the best W of all depths are among them, since a node's
+    parent outranks it): (path scores, candidates, parent within the previous depth's beam,
+    depth), each [D·W], depth-major."""
+    K, dev = tokens.shape[1], tokens.device
     s = node[0]
     if K < W:
         s = torch.cat((s, s.new_full((W - K,), NEG)))
@@ -145,16 +185,59 @@ def _best_first(spec, root, tokens, node, tr):
         fs, order = (fs[:, None] + step).flatten().topk(W)
         fc, fp = order % K, order // K
         pool_s.append(fs), pool_c.append(fc), pool_p.append(fp)
-    flat = torch.cat(pool_s)  # [D·W], depth-major
     depth = torch.arange(D, device=dev).repeat_interleave(W) + 1
-    _, sel = (flat - EPS * depth).topk(W)
-    sel = sel.sort().values  # depth-major: parents first
+    return torch.cat(pool_s), torch.cat(pool_c), torch.cat(pool_p), depth
+
+
+def _pick(root, tokens, pool, sel, keep) -> TreeRows:
+    """The rows of pool entries `sel` [W] (a prefix-closed set; W the pool's beam width), ordered
+    depth-major (parents first); `keep` [W] marks those of them that are valid (a prefix-closed
+    subset)."""
+    flat, cand, par, depth = pool
+    W = sel.shape[0]
+    sel, order = sel.sort()
+    keep = keep[order]
     d_sel = depth[sel]
-    row_of = torch.zeros(D * W, dtype=torch.long, device=dev)
-    row_of[sel] = torch.arange(1, W + 1, device=dev)
-    parent_flat = (d_sel - 2).clamp_min(0) * W + torch.cat(pool_p)[sel]
+    row_of = torch.zeros(flat.shape[0], dtype=torch.long, device=tokens.device)
+    row_of[sel] = torch.arange(1, W + 1, device=tokens.device)
+    parent_flat = (d_sel - 2).clamp_min(0) * W + par[sel]
     parents = torch.where(d_sel == 1, 0, row_of[parent_flat])
-    return _rows(root, tokens, d_sel - 1, torch.cat(pool_c)[sel], parents, d_sel, flat[sel] > NEG)
+    return _rows(root, tokens, d_sel - 1, cand[sel], parents, d_sel, keep & (flat[sel] > NEG))
+
+
+def _best_first(spec, root, tokens, node, tr):
+    """The W best nodes of the pool."""
+    pool = _pool(spec.nodes, spec.max_depth, tokens, node, tr)
+    _, sel = (pool[0] - EPS * pool[3]).topk(spec.nodes)
+    return _pick(root, tokens, pool, sel, torch.ones_like(sel, dtype=torch.bool))
+
+
+def share(top: torch.Tensor, budget: torch.Tensor) -> torch.Tensor:
+    """Which of every lane's best nodes a shared budget takes: top [B, C], each lane's ranking keys
+    best first (-inf: none); the `budget` (0-d) best of all lanes, ties to the earlier lane and
+    the earlier node. [B, C] bool; each lane's taken nodes are a prefix of its ranking."""
+    B, C = top.shape
+    order = top.flatten().argsort(descending=True, stable=True)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(B * C, device=top.device)
+    return (rank < budget).view(B, C)
+
+
+def build_shared(spec: TreeSpec, roots: torch.Tensor, tokens: torch.Tensor, logp: torch.Tensor,
+                 trans: torch.Tensor | None, active: torch.Tensor) -> TreeRows:
+    """A shared node budget over a batch's lattices (tokens, logp [B, m, k], trans [B, m-1, k, k]
+    or None; roots, active [B]): the spec.share · (active lanes) nodes of highest path score over
+    every active lane's lattice, at most spec.nodes of one lane (trees.shared_best_first). Every
+    lane gets spec.rows rows; those outside its share (and an idle lane's) are invalid."""
+    pools = []
+    for b in range(tokens.shape[0]):
+        node, tr = scores(tokens[b], logp[b], None if trans is None else trans[b])
+        pools.append(_pool(spec.nodes, spec.max_depth, tokens[b], node, tr))
+    top, sel = torch.stack([flat - EPS * depth for flat, _, _, depth in pools]).topk(spec.nodes, dim=1)
+    top = top.masked_fill(active[:, None] == 0, NEG)  # an idle lane takes no share
+    taken = share(top, active.sum() * spec.share) & (top > NEG)
+    rows = [_pick(roots[b : b + 1], tokens[b], p, sel[b], taken[b]) for b, p in enumerate(pools)]
+    return TreeRows(*(torch.stack(f) for f in zip(*rows)))
 
 
 def _topk(spec, root, tokens, node, tr):
@@ -198,17 +281,19 @@ def _topk(spec, root, tokens, node, tr):
 
 def accept(tree: TreeRows, argmax: torch.Tensor, anc: torch.Tensor, path_len: int):
     """Greedy acceptance on the device: a row is accepted when it and every ancestor below the
-    root hold the target's argmax at their parent (of matching siblings, the first). Returns the
-    accepted rows by depth, [path_len] (past τ: the root, a harmless index), and τ (0-d)."""
-    R, dev = tree.tokens.shape[0], tree.tokens.device
+    root hold the target's argmax at their parent (of matching siblings, the first). Fields [R]
+    (one tree) or [B, R] (a tree per lane, all in the same kernels), anc [..., R, R]. Returns the
+    accepted rows by depth, [..., path_len] (past τ: the root, a harmless index), and τ [...]."""
+    R, dev = tree.tokens.shape[-1], tree.tokens.device
     idx = torch.arange(R, device=dev)
-    match = tree.valid & (tree.tokens == argmax[tree.parents]) & (idx > 0)
-    earlier = (tree.parents[:, None] == tree.parents[None, :]) & (idx[None, :] < idx[:, None]) & match[None, :]
-    match = (match & ~earlier.any(1)) | (idx == 0)
-    acc = ~(anc & ~match[None, :]).any(1)
-    path = torch.zeros(path_len + 1, dtype=torch.long, device=dev)
-    path.scatter_(0, torch.where(acc, tree.depth.clamp(max=path_len - 1), path_len), idx)
-    return path[:path_len], acc.sum()
+    match = tree.valid & (tree.tokens == argmax.gather(-1, tree.parents)) & (idx > 0)
+    earlier = (tree.parents[..., :, None] == tree.parents[..., None, :]) & (idx[None, :] < idx[:, None]) \
+        & match[..., None, :]
+    match = (match & ~earlier.any(-1)) | (idx == 0)
+    acc = ~(anc & ~match[..., None, :]).any(-1)
+    path = torch.zeros(*acc.shape[:-1], path_len + 1, dtype=torch.long, device=dev)
+    path.scatter_(-1, torch.where(acc, tree.depth.clamp(max=path_len - 1), path_len), idx.expand_as(acc))
+    return path[..., :path_len], acc.sum(-1)
 
 
 def to_tree(rows: TreeRows) -> trees.Tree:

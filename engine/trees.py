@@ -12,7 +12,11 @@ prefix-closed: a node's parent is always in the tree and comes before it. Polici
 - `topk:K:N`      EAGLE-2: expand the K best nodes of each depth by their K best children, then
                   keep the N best of everything by path score;
 - `sequoia:N`     a static shape of N rank paths maximizing the expected accepted length under a
-                  measured per-depth rank-acceptance profile (docs/METHOD.md §3).
+                  measured per-depth rank-acceptance profile (docs/METHOD.md §3);
+- `shared:N:C`    batches (the static driver's lanes): one best-first selection over all the step's
+                  requests' lattices, N nodes per request in all, at most C for one request (its
+                  tree then verifies C + 1 rows: every lane plans the largest share, the rows a
+                  lane does not get are masked); one request alone gets best-first:N.
 """
 
 from __future__ import annotations
@@ -96,23 +100,39 @@ def chain(root: int, lat: Lattice, limit: int | None = None) -> Tree:
 
 def best_first(root: int, lat: Lattice, n: int, max_depth: int = MAX_DEPTH) -> Tree:
     """The n highest path scores; ties go to the shallower node, then the lower candidate index."""
-    node_t, trans_t = _scores(lat)
-    toks, node = lat.tokens.tolist(), node_t.tolist()  # plain lists: this loop runs every step
-    trans = trans_t.tolist() if trans_t is not None else None
-    depth = min(len(toks), max_depth)
-    valid = [[c for c, t in enumerate(row) if t >= 0] for row in toks]
-    heap = [(-node[0][c], 1, 0, c, 0) for c in valid[0]] if valid else []  # no positions: the root alone
+    return shared_best_first([root], [lat], n, n, max_depth)[0]
+
+
+def shared_best_first(roots: list[int], lats: list[Lattice], total: int, cap: int,
+                      max_depth: int = MAX_DEPTH) -> list[Tree]:
+    """One best-first selection over several requests' lattices: the `total` nodes of highest path
+    score among all of them, at most `cap` of one request's (each request's share is its own
+    best-first tree: prefix-closed). Ties go to the shallower node, then the earlier request, then
+    the lower candidate index. The host specification of treeops.build_shared."""
+    heap, valid, node, trans, depth = [], [], [], [], []
+    for b, lat in enumerate(lats):
+        node_t, trans_t = _scores(lat)
+        toks = lat.tokens.tolist()  # plain lists: this loop runs every step
+        node.append(node_t.tolist())
+        trans.append(trans_t.tolist() if trans_t is not None else None)
+        depth.append(min(len(toks), max_depth))
+        valid.append([[c for c, t in enumerate(row) if t >= 0] for row in toks])
+        heap += [(-node[b][0][c], 1, b, 0, c, 0) for c in valid[b][0]] if valid[b] else []  # no positions: the root
     heapq.heapify(heap)
-    picked: list[tuple[int, int, int]] = []
-    while heap and len(picked) < n:
-        neg, d, pos, cand, parent = heapq.heappop(heap)
-        picked.append((pos, cand, parent))
-        me = len(picked)  # this node's index in the tree (root is 0)
-        if pos + 1 < depth:
-            scores = trans[pos][cand] if trans is not None else node[pos + 1]
-            for c in valid[pos + 1]:
-                heapq.heappush(heap, (neg - scores[c], d + 1, pos + 1, c, me))
-    return _tree(root, lat, picked)
+    picked: list[list[tuple[int, int, int]]] = [[] for _ in lats]
+    taken = 0
+    while heap and taken < total:
+        neg, d, b, pos, cand, parent = heapq.heappop(heap)
+        if len(picked[b]) == cap:  # this request's share is full: its other nodes go unpicked
+            continue
+        picked[b].append((pos, cand, parent))
+        taken += 1
+        me = len(picked[b])  # this node's index in its tree (root is 0)
+        if pos + 1 < depth[b]:
+            scores = trans[b][pos][cand] if trans[b] is not None else node[b][pos + 1]
+            for c in valid[b][pos + 1]:
+                heapq.heappush(heap, (neg - scores[c], d + 1, b, pos + 1, c, me))
+    return [_tree(r, lat, p) for r, lat, p in zip(roots, lats, picked)]
 
 
 def topk(root: int, lat: Lattice, k: int, n: int, max_depth: int = MAX_DEPTH) -> Tree:
@@ -196,7 +216,7 @@ class TreePolicy:
     shape: tuple[tuple[int, ...], ...] | None = None  # sequoia: the fitted rank paths
 
     def __call__(self, root: int, lat: Lattice) -> Tree:
-        if self.name == "best-first":
+        if self.name in ("best-first", "shared"):  # shared: one request alone gets its N nodes
             return best_first(root, lat, self.args[0])
         if self.name == "topk":
             return topk(root, lat, *self.args)
@@ -206,10 +226,14 @@ class TreePolicy:
 
 
 def parse_policy(spec: str) -> tuple[str, tuple[int, ...]]:
-    """'chain' | 'best-first:N' | 'topk:K:N' | 'sequoia:N' | 'oracle' → (name, integer args)."""
+    """'chain' | 'best-first:N' | 'topk:K:N' | 'sequoia:N' | 'shared:N:C' | 'oracle' → (name, integer args)."""
     name, *args = spec.split(":")
-    want = {"chain": 0, "oracle": 0, "best-first": 1, "sequoia": 1, "topk": 2}
+    want = {"chain": 0, "oracle": 0, "best-first": 1, "sequoia": 1, "topk": 2, "shared": 2}
     if name not in want or len(args) != want[name] or not all(a.isdigit() and int(a) > 0 for a in args):
-        raise ValueError(f"tree policy {spec!r}: expected chain, oracle, best-first:N, topk:K:N or sequoia:N "
-                         "(N, K positive integers)")
-    return name, tuple(int(a) for a in args)
+        raise ValueError(f"tree policy {spec!r}: expected chain, oracle, best-first:N, topk:K:N, sequoia:N or "
+                         "shared:N:C (N, K, C positive integers)")
+    out = tuple(int(a) for a in args)
+    if name == "shared" and out[1] < out[0]:
+        raise ValueError(f"tree policy {spec!r}: the cap C ({out[1]}) of one request's share must be at least "
+                         f"N ({out[0]}), the nodes per request")
+    return name, out

@@ -34,7 +34,7 @@ def request_json(m: pb.Request) -> dict:
 def profile_message(m: dict) -> pb.ProfileResponse:
     """A Profile measurement (`gpu_worker.profiling.measure`) as a message."""
     return pb.ProfileResponse(
-        current=m["current"], draft_len=m["draft_len"], t_ar_s=m["t_ar_s"], replay=m["replay"],
+        current=m["current"], draft_len=m["draft_len"], t_ar_s=m["t_ar_s"], replay=m["replay"], batch=m.get("batch", 1),
         budgets=[pb.BudgetProfile(policy=b["policy"], rows=b["rows"], tau=b["tau"], t_step_s=b["t_step_s"],
                                   profiled_t_step_s=b["profiled_t_step_s"],
                                   kernels={c: pb.KernelClassProfile(seconds=v[0], bytes=v[1], flops=v[2])
@@ -44,6 +44,7 @@ def profile_message(m: dict) -> pb.ProfileResponse:
 
 def profile_json(m: pb.ProfileResponse) -> dict:
     return {"current": m.current, "draft_len": m.draft_len, "t_ar_s": m.t_ar_s, "replay": dict(m.replay),
+            "batch": m.batch or 1,  # unset (an older sender): one request at a time
             "budgets": [{"policy": b.policy, "rows": b.rows, "tau": b.tau, "t_step_s": b.t_step_s,
                          "profiled_t_step_s": b.profiled_t_step_s,
                          "kernels": {c: [k.seconds, k.bytes, k.flops] for c, k in b.kernels.items()}}

@@ -64,7 +64,7 @@ class RemoteSystem:
     def profile(self, spec: dict) -> dict:
         req = pb.ProfileRequest(system_id=self.system_id, requests=[request_message(r) for r in spec["requests"]],
                                 new_tokens=int(spec["new_tokens"]), budgets=list(spec.get("budgets", [])),
-                                replay=list(spec.get("replay", [])))
+                                replay=list(spec.get("replay", [])), batch=int(spec.get("batch", 1)))
         return profile_json(self._call("profile", lambda: self.stub.Profile(req, timeout=self.timeout)))
 
     def close(self) -> None:

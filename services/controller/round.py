@@ -13,7 +13,7 @@ killed run resumes where it stopped: finished steps are read back, not measured 
 verdict already sealed (a file under `<run>/verdicts/` that names the round and the candidate) is
 read back, never judged twice. The round reaches every system through the GPU worker interface
 (local processes or gRPC workers), the memory through its interface (in-process or REST) and the
-planner through its own (in-process or a Celery task): `specpilot/bootstrap.py` picks them.
+planner through its own (in-process or a Celery task): `specpilot/entrypoints/bootstrap.py` picks them.
 """
 
 from __future__ import annotations
@@ -280,7 +280,8 @@ class Round:
         try:
             with self.bar(1, f"round {rec['round']}: profiling {inc['label']}") as b:
                 measurement = w.profile({"requests": self.requests, "new_tokens": self.dep["max_new_tokens"],
-                                         "budgets": self.dep["budgets"], "replay": self._replays()})
+                                         "budgets": self.dep["budgets"], "replay": self._replays(),
+                                         "batch": self.batch})  # at the batch its candidates are timed
                 b.update(1)
         finally:
             w.close()
@@ -288,9 +289,6 @@ class Round:
         rec["profile_seconds"] = time.perf_counter() - t0
         rec["costmodel"] = self.planner.analyze(measurement, self.dep["gpu"])
         rec["direction"] = rec["costmodel"]["direction"]
-        if self.batch > 1:  # the verdicts are timed at the batch; the profile is not (yet)
-            rec["costmodel"]["batch_note"] = (f"profiled one request at a time; candidates are timed {self.batch} "
-                                              "requests at once")
 
     def _replays(self) -> list[str]:
         """Every tree policy a stored variant names (exact replay prices them without running)."""
@@ -455,7 +453,8 @@ class Round:
         else:
             self.log(f"  τ {cm['tau_current']:.2f} · ×{cm['speedup_current']:.2f} over AR by the cost model · ceiling "
                      f"tree ×{f['tree']:.2f}{f' ({tree_note})' if tree_note else ''}, kernels ×{f['kernels']:.2f}, "
-                     f"off-profile ×{f['off_profile']:.2f} → direction {rec['direction']}")
+                     f"off-profile ×{f['off_profile']:.2f}, rows ×{f.get('rows', 1.0):.2f} at batch "
+                     f"{cm.get('batch', 1)} → direction {rec['direction']}")
         self.check_cancelled()
         if "candidates" not in rec:
             self.propose(rec)
@@ -513,7 +512,7 @@ class Round:
                 r = run_pair(self.system(inc), other, self.requests, self.devices, reps, self.dep["timeout"], b.update,
                              self.dep["warmup"], workers=self.workers, batch=self.batch)
             est = stats.gain(r["samples"])
-            out[key] = {"gain": est.gain, "lower_bound": est.lower}
+            out[key] = {"gain": est.gain, "lower_bound": est.lower, "against": other.to_json()}
             if key == "speedup_over_ar":  # the other way round: does AR beat the final system?
                 out[key]["ar_lower_bound"] = stats.gain(stats.swapped(r["samples"])).lower
         if ar_stock:

@@ -13,8 +13,9 @@ It loads the system, prints {"ready": true}, then answers each line:
 - {"score": [{"prompt_ids", "tokens"}, ...]} → {"scores": [{argmax_token_ids, token_logprob,
   argmax_logprob}, ...]}: teacher-forced scores by the system's target with a float32 LM head
   (the scorer of token forcing, when the system is stock);
-- {"profile": {"requests": [...], "new_tokens": N, "budgets": [policy, ...], "replay": [policy, ...]}}
-  → {"profile": {...}}: the cost model's measurements of this system (see `profiling.measure`).
+- {"profile": {"requests": [...], "new_tokens": N, "budgets": [policy, ...], "replay": [policy, ...],
+  "batch": B}} → {"profile": {...}}: the cost model's measurements of this system at B requests
+  decoded at once (default 1; see `profiling.measure`).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def main(argv: list[str]) -> int:
                 p = msg["profile"]
                 prompts = [engine.encode(request_from_json(r)) for r in p["requests"]]
                 reply = {"profile": measure(engine, prompts, int(p["new_tokens"]), list(p.get("budgets", [])),
-                                            list(p.get("replay", [])))}
+                                            list(p.get("replay", [])), batch=p.get("batch", 1))}
             elif "score" in msg:
                 scorer = scorer or load_scorer(engine_cfg["target"], engine_cfg["device"])
                 reply = {"scores": [vars(score(scorer, s["prompt_ids"], s["tokens"])) for s in msg["score"]]}

@@ -161,7 +161,7 @@ class GpuWorkerServicer(pb_grpc.GpuWorkerServicer):
     def Profile(self, request, context):
         system = self._get(request.system_id, context)
         spec = {"requests": [request_json(r) for r in request.requests], "new_tokens": request.new_tokens,
-                "budgets": list(request.budgets), "replay": list(request.replay)}
+                "budgets": list(request.budgets), "replay": list(request.replay), "batch": max(1, request.batch)}
         return self._serve("Profile", context, lambda: profile_message(system.profile(spec)), request.system_id)
 
     def Score(self, request, context):

@@ -17,7 +17,7 @@ SLUG = re.compile(r"[a-z0-9][a-z0-9._-]*")
 KEY = re.compile(r"([a-z0-9][a-z0-9._-]*)@([1-9][0-9]*)")
 CLAUSE = re.compile(r"(==|>=|<=)([1-9][0-9]*)")
 MAX_REQUIRES = 12
-LIMIT_KEYS = ("families", "devices", "batch_max")
+LIMIT_KEYS = ("families", "devices", "batch_min", "batch_max")
 
 
 class EntryError(ValueError):
@@ -235,11 +235,14 @@ class Entry:
         for k, v in self.limits.items():
             if k not in LIMIT_KEYS:
                 raise _fail(owner, f"limits.{k}", f"unknown limit; known: {', '.join(LIMIT_KEYS)}")
-            if k == "batch_max":
+            if k in ("batch_min", "batch_max"):
                 if not _int(v) or v < 1:
-                    raise _fail(owner, "limits.batch_max", f"expected an integer >= 1, got {v!r}")
+                    raise _fail(owner, f"limits.{k}", f"expected an integer >= 1, got {v!r}")
             elif not isinstance(v, list) or not v or not all(isinstance(s, str) and s for s in v):
                 raise _fail(owner, f"limits.{k}", f"expected a non-empty list of strings, got {v!r}")
+        lo, hi = self.limits.get("batch_min"), self.limits.get("batch_max")
+        if lo is not None and hi is not None and lo > hi:
+            raise _fail(owner, "limits.batch_min", f"{lo} exceeds batch_max {hi}")
 
     def to_dict(self) -> dict:
         return {

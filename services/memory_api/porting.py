@@ -64,6 +64,8 @@ def limits_refuse(limits: Mapping, deployment: Mapping) -> str | None:
         return f"family {deployment['family']!r} not in {sorted(limits['families'])}"
     if "devices" in limits and deployment["device"] not in limits["devices"]:
         return f"device {deployment['device']!r} not in {sorted(limits['devices'])}"
+    if "batch_min" in limits and deployment["batch"] < limits["batch_min"]:
+        return f"batch {deployment['batch']} < batch_min {limits['batch_min']}"
     if "batch_max" in limits and deployment["batch"] > limits["batch_max"]:
         return f"batch {deployment['batch']} > batch_max {limits['batch_max']}"
     return None

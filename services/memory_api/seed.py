@@ -20,8 +20,15 @@ acceptance profile comes from a replay recording (`specpilot replay --profile-ou
 measurement step, not another entry's code or configuration, so it is noted under `unverified`
 instead of being a requirement. Inventing edges would make porting drop entries for no reason.
 
-There is no evidence (nothing is measured yet) and no `limits` (no deployment has excluded any
-of them); what has not been checked is listed under `unverified`.
+The batch's row selection (`batch-*`: a shared node budget, per-request draft length) acts only
+where several requests share a step, so those entries are limited to batch ≥ 2 (`batch_min`): a
+deployment at batch 1 does not port them. They require nothing either: each runs alone, and they
+combine (a variant of the draft length rule runs it under a shared budget). The third rule of the
+paper, prompt admission (a waiting prompt's prefill rows riding in a verify step), is not built,
+so it has no entry.
+
+There is no evidence (nothing is measured yet) and no other `limits` (no deployment has excluded
+any of them); what has not been checked is listed under `unverified`.
 
 This module does not import the engine (a service never does); the seed's tests check the
 option names against `EngineConfig` and the tree policies against `trees.parse_policy`.
@@ -33,7 +40,12 @@ from .entries import Contract, Entry, Requirement
 
 MARKOV = "kind:block_markov"  # a drafter named by kind, resolved against the deployment's drafters
 LOSSLESS = Contract(rule="token_forcing", output_may_differ=False, options={})
-_BATCH = "no evidence at batch > 1 yet (every lane verifies the same rows: the batch's row selection is not built)"
+_BATCH = ("no evidence at batch > 1 yet (every lane verifies its own tree of the same rows; the batch's row "
+          "selection is the batch-* entries)")
+BATCHED = {"batch_min": 2}  # a batch's row selection: nothing to select at one request a step
+_ROWS = ("every lane plans the same rows (static shapes): a step verifies lanes × rows whatever each request "
+         "uses (Step.rows, the engine's `verified_rows_mean`); replay runs one request at a time, so no replay "
+         "ranks these rules: the search agent proposes them unpredicted, timing judges them")
 HOPPER = ["h100-sxm", "h200"]  # the W12 GEMM and the INT8 head kernel are Triton kernels built for sm_90
 CUDA = [*HOPPER, "rtx-pro-6000"]
 _DRAFTER = ("needs a drafter in the deployment (EngineConfig.drafter: a checkpoint folder or 'ngram'); "
@@ -58,6 +70,49 @@ def _tree(policy: str, draft_len: int = 16) -> dict:
 def seed_entries() -> list[Entry]:
     """The seed entries, in id order, each version 1."""
     entries = [
+        Entry(
+            id="batch-draft-length",
+            version=1,
+            title="Batching: per-request draft length, each request picking its drafted positions on the device "
+                  "every step from its recent acceptance and its drafter's confidence (built-in: draft_lens)",
+            variants={
+                "16-12-8": {"draft_len": 16, "draft_lens": "16,12,8"},
+                "16-8-4": {"draft_len": 16, "draft_lens": "16,8,4"},
+                "16-12-8-shared-n16": {"draft_len": 16, "draft_lens": "16,12,8", **_tree("shared:16:48")},
+            },
+            contract=LOSSLESS,
+            limits=BATCHED,
+            unverified=(
+                _DRAFTER,
+                "frees tree nodes, not rows: the drafter still drafts draft_len positions and every lane plans the "
+                "decoder's rows; a shared budget gives the freed nodes to other requests, a best-first tree spends "
+                "them wider in the same request, a chain only loses the positions it drops",
+                "the rule's constants (engine/lengths.py: KEEP, HEADROOM, P_MIN) are not tuned per deployment",
+                _ROWS,
+            ),
+        ),
+        Entry(
+            id="batch-shared-budget",
+            version=1,
+            title="Batching: a shared node budget, one best-first selection over every request's lattice "
+                  "(N nodes a request in all, at most C for one; built-in tree policy shared:N:C)",
+            variants={
+                "n8-c24": _tree("shared:8:24"),
+                "n16-c32": _tree("shared:16:32"),
+                "n16-c48": _tree("shared:16:48"),
+                "n32-c63": _tree("shared:32:63"),
+            },
+            contract=LOSSLESS,
+            limits=BATCHED,
+            unverified=(
+                _DRAFTER,
+                "every lane verifies C + 1 rows (the largest share; the rows outside its share are masked): a step "
+                "costs lanes × (C + 1) rows for lanes × N draft nodes, more than equal trees of N at C > N",
+                "ranks requests by their drafters' path scores: pays where those scores are calibrated across "
+                "requests; one request alone gets best-first:N",
+                _ROWS,
+            ),
+        ),
         Entry(
             id="draft-length",
             version=1,

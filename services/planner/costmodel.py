@@ -3,23 +3,33 @@
     speedup(N) = τ(N) / c(N),   c(N) = T_step(N) / T_AR
 
 N is the number of rows verified per step, T_step(N) the measured wall time of one speculative
-step (drafting included), T_AR one AR step on the same engine.
+step (drafting included), T_AR one AR step on the same engine. At a batch of B requests decoded at
+once, N is the rows of the whole step (Σ of the nodes of the batch's requests), T_AR the AR step at
+the same batch (B rows), and τ the tokens per request per step: τ / c is then the batch's
+throughput over AR's at that batch.
 
 Each profiled kernel class has a byte floor
 
     floor = max(FLOPs / (0.6 × peak dense FLOP/s), bytes / (0.9 × peak bandwidth))
 
-and the ceiling over the current system is the product of three factors:
+and the ceiling over the current system is the product of four factors:
 
 - tree        = τ_oracle(N) / τ_current  (τ_oracle from exact replay with an oracle: an input here)
 - kernels     = profiled (summed) kernel time / Σ byte floors of the classes
 - off_profile = measured step time / profiled (summed) kernel time
+- rows        = Σ floors at N rows / Σ floors at the rows the oracle's τ needs (B × τ_oracle: the
+                root and the accepted nodes of every request). Fewer rows cut the FLOPs of the
+                classes that work per verified row and none of the bytes (the weights and the
+                cache are read whatever the rows), so where the floors are the read (one request:
+                a step is the weight read) the factor is 1, and where every verified row costs
+                compute (a large batch) it nears N / (B × τ_oracle): wide trees stop paying.
 
 The direction of the next round is the largest factor; for kernels it names the class that wastes
-the most time (time − floor). A system without a drafter (plain AR decoding) has no tree to grow:
-its tree factor is 1, it is never the direction, and the table says why; its step is the AR step,
-so its speedup is 1 and the direction is the kernels (at one request, the weight read) or the
-time off the profile. Server-free: no engine import, no other service.
+the most time (time − floor), for rows it is "rows" (verify fewer, better rows per request). A
+system without a drafter (plain AR decoding) has no tree to grow and no row to drop: its tree and
+rows factors are 1, they are never the direction, and the table says why; its step is the AR step,
+so its speedup is 1 and the direction is the kernels or the time off the profile. Server-free: no
+engine import, no other service.
 """
 
 from __future__ import annotations
@@ -256,8 +266,34 @@ def best_budget(taus: Mapping[int, float], step_times: Mapping[int, float], t_ar
 # --------------------------------------------------------------------------- ceilings
 
 
-FACTORS = ("tree", "kernels", "off_profile")  # also the tie-break order of `largest`
+FACTORS = ("tree", "kernels", "off_profile", "rows")  # also the tie-break order of `largest`
 AR = "ar"  # the policy of an AR system's one measured row (the GPU worker's Profile)
+ROW_CLASSES = ("target_linear", "lm_head", "attention", "recurrent", "sampling_acceptance")  # work per verified row
+
+
+def check_batch(batch) -> int:
+    """The batch size (requests decoded at once), or a one-line error."""
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise ValueError(f"batch {batch!r}: expected a positive integer (requests decoded at once)")
+    return batch
+
+
+def bound(flops: float, bytes_moved: float, device_: str | DeviceSpec) -> str:
+    """Which term sets a class's floor: "rows" (its FLOPs: every verified row costs compute),
+    "read" (its bytes: the weights and the cache it reads) or "-" (no work counted: no floor)."""
+    d = device(device_)
+    compute, read = flops / (FLOP_EFFICIENCY * d.bf16_flops), bytes_moved / (BANDWIDTH_EFFICIENCY * d.bandwidth)
+    return "-" if compute == read == 0 else "rows" if compute > read else "read"
+
+
+def floors_at(profile: Profile, device_: str | DeviceSpec, rows: float) -> float:
+    """Σ of the class floors were the step `rows` rows instead of its N (profile.n): the FLOPs of
+    the classes that work per verified row (ROW_CLASSES) scale with the rows, the bytes stay."""
+    if not profile.n:
+        raise ValueError("the profile does not say how many rows it verified")
+    d, scale = device(device_), rows / profile.n
+    return sum(byte_floor(s.flops * (scale if c in ROW_CLASSES else 1.0), s.bytes, d)
+               for c, s in profile.kernels.items())
 
 
 @dataclass(frozen=True)
@@ -266,6 +302,7 @@ class ClassRow:
     seconds: float
     floor: float
     ratio: float  # seconds / floor (inf when the floor is 0 and time was spent)
+    bound: str = "read"  # which term sets the floor: "read" (bytes), "rows" (FLOPs) or "-" (none)
 
     @property
     def gap(self) -> float:
@@ -273,6 +310,8 @@ class ClassRow:
 
 
 NO_TREE = "no drafter: no tree can help"  # why an AR system's tree factor is 1
+NO_ROWS = "no drafter: one row per request, always committed"  # why an AR system's rows factor is 1
+NO_N = "rows verified not measured"  # why a profile without N has a rows factor of 1
 
 
 @dataclass(frozen=True)
@@ -283,14 +322,22 @@ class Ceiling:
     per_class: tuple[ClassRow, ...]
     device: str = ""
     notes: Mapping[str, str] = field(default_factory=dict)  # factor -> why it is what it is
+    batch: int = 1  # requests decoded at once
+    rows: float | None = None  # N: rows verified per step, over the batch
+    rows_needed: float | None = None  # the rows the oracle's τ needs: batch × τ_oracle (≤ N)
 
 
 def ceiling(profile: Profile, device_: str | DeviceSpec, tau_current: float, tau_oracle: float,
-            has_drafter: bool = True) -> Ceiling:
-    """The three factors over the current system (see the module docstring). Without a drafter
-    the tree factor is 1 whatever the τ given, and the largest factor is one of the other two."""
+            has_drafter: bool = True, batch: int = 1) -> Ceiling:
+    """The four factors over the current system (see the module docstring), the profile being one
+    step at `batch` requests (profile.n: its rows over the batch). Without a drafter the tree and
+    rows factors are 1 whatever the τ given, and the largest factor is one of the other two; a
+    profile without N has a rows factor of 1 that is never the largest."""
+    check_batch(batch)
     if not (tau_current > 0 and tau_oracle > 0):
         raise ValueError(f"τ must be positive, got current={tau_current}, oracle={tau_oracle}")
+    if profile.n is not None and profile.n < batch:
+        raise ValueError(f"{profile.n} rows verified per step at batch {batch}: every request verifies at least one")
     d = device(device_)
     rows = []
     for name in KERNEL_CLASSES:
@@ -299,28 +346,37 @@ def ceiling(profile: Profile, device_: str | DeviceSpec, tau_current: float, tau
         s = profile.kernels[name]
         floor = byte_floor(s.flops, s.bytes, d)
         ratio = s.seconds / floor if floor > 0 else (math.inf if s.seconds > 0 else 1.0)
-        rows.append(ClassRow(name, s.seconds, floor, ratio))
+        rows.append(ClassRow(name, s.seconds, floor, ratio, bound(s.flops, s.bytes, d)))
     profiled = profile.profiled_seconds
     floors = sum(r.floor for r in rows)
     if profiled <= 0:
         raise ValueError("the profile holds no kernel time: cannot split the step")
     if floors <= 0:
         raise ValueError("no profiled class has bytes or FLOPs: the kernel factor has no floor")
+    notes = {}
+    needed = None
+    if not has_drafter:
+        notes = {"tree": NO_TREE, "rows": NO_ROWS}
+    elif profile.n is None:
+        notes = {"rows": NO_N}
+    else:
+        needed = min(float(profile.n), batch * tau_oracle)
     factors = {
         "tree": tau_oracle / tau_current if has_drafter else 1.0,
         "kernels": profiled / floors,
         "off_profile": profile.t_step / profiled,
+        "rows": floors / floors_at(profile, d, needed) if needed is not None else 1.0,
     }
-    open_factors = FACTORS if has_drafter else tuple(f for f in FACTORS if f != "tree")
+    open_factors = tuple(f for f in FACTORS if f not in notes)
     largest = max(open_factors, key=lambda f: (factors[f], -FACTORS.index(f)))
-    notes = {} if has_drafter else {"tree": NO_TREE}
-    return Ceiling(factors, math.prod(factors.values()), largest, tuple(rows), d.name, notes)
+    return Ceiling(factors, math.prod(factors.values()), largest, tuple(rows), d.name, notes, batch,
+                   None if profile.n is None else float(profile.n), needed)
 
 
 def direction(c: Ceiling) -> str:
-    """"tree", "kernel:<class wasting the most time>" or "off-profile"."""
-    if c.largest == "tree":
-        return "tree"
+    """"tree", "rows", "kernel:<class wasting the most time>" or "off-profile"."""
+    if c.largest in ("tree", "rows"):
+        return c.largest
     if c.largest == "off_profile":
         return "off-profile"
     # max gap; ties go to the earlier class in KERNEL_CLASSES order (rows are in that order)
@@ -339,28 +395,37 @@ def _fmt_s(seconds: float) -> str:
     return f"{seconds * 1e6:.1f} us"
 
 
+def _where(c: Ceiling) -> str:
+    """"at batch B, N rows per step (N/B per request)", as far as the ceiling knows."""
+    rows = "" if c.rows is None else f", {c.rows:g} rows per step ({c.rows / c.batch:g} per request)"
+    return f"at batch {c.batch}{rows}"
+
+
 def render_table(c: Ceiling) -> str:
-    lines = [f"ceiling over the current system{' on ' + c.device if c.device else ''}: {c.product:.3f}x"]
+    lines = [f"ceiling over the current system{' on ' + c.device if c.device else ''} {_where(c)}: {c.product:.3f}x"]
     for f in FACTORS:
         mark = "  <- largest" if f == c.largest else f"  ({c.notes[f]})" if f in c.notes else ""
         lines.append(f"  {f:<12} {c.factors[f]:8.3f}x{mark}")
+    if c.rows_needed is not None:
+        lines.append(f"rows: {c.rows:g} verified per step, {c.rows_needed:.3g} needed by the oracle's τ")
     lines.append(f"direction: {direction(c)}")
     lines.append("")
-    header = f"{'class':<20} {'time':>12} {'floor':>12} {'time/floor':>11} {'time-floor':>12}"
+    header = f"{'class':<20} {'time':>12} {'floor':>12} {'time/floor':>11} {'time-floor':>12} {'bound':>6}"
     lines += [header, "-" * len(header)]
     for r in c.per_class:
         ratio = "inf" if math.isinf(r.ratio) else f"{r.ratio:.2f}x"
-        lines.append(f"{r.kernel_class:<20} {_fmt_s(r.seconds):>12} {_fmt_s(r.floor):>12} {ratio:>11} {_fmt_s(r.gap):>12}")
+        lines.append(f"{r.kernel_class:<20} {_fmt_s(r.seconds):>12} {_fmt_s(r.floor):>12} {ratio:>11} "
+                     f"{_fmt_s(r.gap):>12} {r.bound:>6}")
     return "\n".join(lines) + "\n"
 
 
 def render_svg(c: Ceiling) -> str:
-    """Two bar charts: the three factors, and per class time against its floor."""
+    """Two bar charts: the four factors, and per class time against its floor (and its bound)."""
     width, left, bar_w, row_h = 760, 170, 400, 22
     parts: list[str] = []
     y = 30
     parts.append(f'<text x="10" y="{y}" font-size="15" font-weight="bold">'
-                 f"{escape(f'Ceiling {c.product:.2f}x — direction: {direction(c)}')}</text>")
+                 f"{escape(f'Ceiling {c.product:.2f}x {_where(c)} — direction: {direction(c)}')}</text>")
     y += 20
     fmax = max([v for v in c.factors.values() if math.isfinite(v)] + [1.0])
     for f in FACTORS:
@@ -384,7 +449,7 @@ def render_svg(c: Ceiling) -> str:
         parts.append(f'<rect x="{left}" y="{y + 9}" width="{wf:.1f}" height="9" fill="#5cb85c"><title>floor</title></rect>')
         ratio = "inf" if math.isinf(r.ratio) else f"{r.ratio:.2f}x"
         parts.append(f'<text x="{left + max(wt, wf) + 5:.1f}" y="{y + 15}" font-size="12">'
-                     f"{escape(f'{_fmt_s(r.seconds)} / {_fmt_s(r.floor)} ({ratio})')}</text>")
+                     f"{escape(f'{_fmt_s(r.seconds)} / {_fmt_s(r.floor)} ({ratio}, {r.bound})')}</text>")
         y += row_h
     y += 10
     parts.append(f'<rect x="10" y="{y}" width="12" height="10" fill="#f0ad4e"/>'
@@ -405,32 +470,110 @@ def render_svg(c: Ceiling) -> str:
 
 def analyze(measurement: Mapping, device_: str | DeviceSpec) -> dict:
     """The cost model of one system from the GPU worker's Profile measurement (plain data:
-    `t_ar_s`, `current` policy, `budgets` rows with τ, step wall time and kernel stats, `replay` τ
-    per policy incl. the oracle): c(N) and speedup per budget, the best budget, the ceiling over
+    `batch` (1 when absent), `t_ar_s` (the AR step at that batch), `current` policy, `budgets` rows
+    with the rows of a step over the batch, τ per request, step wall time and kernel stats, `replay`
+    τ per policy incl. the oracle): c(N) and speedup per budget, the best budget, the ceiling over
     the *current* system (its own profile and τ, the oracle's τ on its own recording), the
     direction, and the table / SVG renderings. An AR system's measurement (`current` "ar": one
-    row, the AR step, no replay) gives speedup 1, tree factor 1 (no drafter) and a direction of
-    kernels or off-profile."""
+    row, the AR step, no replay) gives speedup 1, tree and rows factors 1 (no drafter) and a
+    direction of kernels or off-profile."""
+    batch = check_batch(measurement.get("batch", 1))
     t_ar = float(measurement["t_ar_s"])
     budgets = []
     for b in measurement["budgets"]:
-        budgets.append({"policy": b["policy"], "rows": b["rows"], "tau": b["tau"], "t_step_s": b["t_step_s"],
-                        "c": step_cost(b["t_step_s"], t_ar), "speedup": speedup(b["tau"], b["t_step_s"], t_ar)})
+        budgets.append({"policy": b["policy"], "rows": b["rows"], "rows_per_request": b["rows"] / batch,
+                        "tau": b["tau"], "t_step_s": b["t_step_s"], "c": step_cost(b["t_step_s"], t_ar),
+                        "speedup": speedup(b["tau"], b["t_step_s"], t_ar)})
     best = max(budgets, key=lambda r: (r["speedup"], -budgets.index(r)))
     cur = next(b for b in measurement["budgets"] if b["policy"] == measurement["current"])
     measured = {k: v for k, v in cur["kernels"].items() if k != "other"}  # "other" is the off-profile remainder
     replayed = dict(measurement.get("replay", {}))
     has_drafter = measurement["current"] != AR
     tau_oracle = max(replayed.get("oracle", cur["tau"]), cur["tau"]) if has_drafter else cur["tau"]
-    ceil = ceiling(Profile(t_step=cur["t_step_s"], kernels=measured), device_,
-                   cur["tau"], tau_oracle, has_drafter)
+    ceil = ceiling(Profile(t_step=cur["t_step_s"], kernels=measured, n=cur["rows"] or None), device_,
+                   cur["tau"], tau_oracle, has_drafter, batch)
     return {
-        "t_ar_s": t_ar, "budgets": budgets, "best": best["policy"], "current": cur["policy"],
+        "batch": batch, "t_ar_s": t_ar, "budgets": budgets, "best": best["policy"], "current": cur["policy"],
         "tau_current": cur["tau"], "tau_oracle": tau_oracle, "replay": replayed,
         "speedup_current": speedup(cur["tau"], cur["t_step_s"], t_ar),
         "ceiling": {"factors": dict(ceil.factors), "product": ceil.product, "largest": ceil.largest,
-                    "device": ceil.device, "notes": dict(ceil.notes),
-                    "per_class": [{"class": r.kernel_class, "seconds": r.seconds, "floor_s": r.floor, "ratio": r.ratio}
-                                  for r in ceil.per_class]},
+                    "device": ceil.device, "notes": dict(ceil.notes), "batch": batch, "rows": ceil.rows,
+                    "rows_needed": ceil.rows_needed,
+                    "per_class": [{"class": r.kernel_class, "seconds": r.seconds, "floor_s": r.floor, "ratio": r.ratio,
+                                   "bound": r.bound} for r in ceil.per_class]},
         "direction": direction(ceil), "table": render_table(ceil), "svg": render_svg(ceil),
     }
+
+
+# --------------------------------------------------------------------------- the batch axis
+
+
+def by_batch(analyses: Iterable[Mapping]) -> list[Mapping]:
+    """`analyze` outputs of one system at several batch sizes, in increasing batch order (one each)."""
+    out = sorted(analyses, key=lambda a: a.get("batch", 1))
+    sizes = [a.get("batch", 1) for a in out]
+    if not out or len(set(sizes)) != len(sizes):
+        raise ValueError(f"the batch axis needs one analysis per batch size, got batch sizes {sizes}")
+    return out
+
+
+def render_batch_table(analyses: Iterable[Mapping]) -> str:
+    """Per batch size: τ, rows, c and speedup of every budget, then the factors and the direction."""
+    out = by_batch(analyses)
+    header = f"{'batch':>5} {'policy':<16} {'rows':>7} {'per req':>7} {'τ':>6} {'c':>7} {'speedup':>8}"
+    lines = [header, "-" * len(header)]
+    for a in out:
+        for b in a["budgets"]:
+            mark = "  <- best" if b["policy"] == a["best"] else ""
+            lines.append(f"{a.get('batch', 1):>5} {b['policy']:<16} {b['rows']:>7.1f} {b['rows'] / a.get('batch', 1):>7.1f} "
+                         f"{b['tau']:>6.2f} {b['c']:>7.2f} {b['speedup']:>7.2f}x{mark}")
+    header = f"{'batch':>5} " + " ".join(f"{f:>11}" for f in FACTORS) + "  direction"
+    lines += ["", header, "-" * len(header)]
+    for a in out:
+        f = a["ceiling"]["factors"]
+        lines.append(f"{a.get('batch', 1):>5} " + " ".join(f"{f[k]:>10.2f}x" for k in FACTORS) + f"  {a['direction']}")
+    return "\n".join(lines) + "\n"
+
+
+def render_batch_svg(analyses: Iterable[Mapping]) -> str:
+    """Speedup over AR (τ / c) of every budget against the batch size (the best budget ringed), with
+    the direction written under each batch size."""
+    out = by_batch(analyses)
+    sizes = [a.get("batch", 1) for a in out]
+    policies = list(dict.fromkeys(b["policy"] for a in out for b in a["budgets"]))
+    left, top, pw, ph = 60, 40, 520, 240
+    xs = [left + pw * (i + 0.5) / len(out) for i in range(len(out))]
+    smax = 1.1 * max([b["speedup"] for a in out for b in a["budgets"] if math.isfinite(b["speedup"])] + [1.0])
+
+    def y_of(v: float) -> float:
+        return top + ph - ph * min(v, smax) / smax
+
+    colours = ("#5b8def", "#d9534f", "#5cb85c", "#f0ad4e", "#8e6bbf", "#6c757d")
+    parts = ['<text x="10" y="24" font-size="15" font-weight="bold">speedup over AR by batch size</text>',
+             f'<line x1="{left}" y1="{top + ph}" x2="{left + pw}" y2="{top + ph}" stroke="#333"/>',
+             f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + ph}" stroke="#333"/>',
+             f'<line x1="{left}" y1="{y_of(1.0):.1f}" x2="{left + pw}" y2="{y_of(1.0):.1f}" stroke="#999" '
+             'stroke-dasharray="4 3"/>',
+             f'<text x="{left - 6}" y="{y_of(1.0) + 4:.1f}" font-size="11" text-anchor="end">1x</text>',
+             f'<text x="{left - 6}" y="{top + 4}" font-size="11" text-anchor="end">{smax:.2f}x</text>']
+    for x, size, a in zip(xs, sizes, out):
+        parts.append(f'<text x="{x:.1f}" y="{top + ph + 16}" font-size="12" text-anchor="middle">batch {size}</text>')
+        parts.append(f'<text x="{x:.1f}" y="{top + ph + 32}" font-size="11" text-anchor="middle">'
+                     f"{escape(a['direction'])}</text>")
+    for k, p in enumerate(policies):
+        colour = colours[k % len(colours)]
+        pts = [(x, size, b, a["best"] == p) for x, size, a in zip(xs, sizes, out) for b in a["budgets"]
+               if b["policy"] == p]
+        if len(pts) > 1:
+            line = " ".join(f"{x:.1f},{y_of(b['speedup']):.1f}" for x, _, b, _ in pts)
+            parts.append(f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        for x, size, b, best in pts:
+            ring = ' stroke="#000" stroke-width="2"' if best else ""
+            label = escape(f"{p} at batch {size}: {b['speedup']:.2f}x")
+            parts.append(f'<circle cx="{x:.1f}" cy="{y_of(b["speedup"]):.1f}" r="4" fill="{colour}"{ring}>'
+                         f"<title>{label}</title></circle>")
+        parts.append(f'<rect x="{left + pw + 20}" y="{top + 18 * k}" width="12" height="10" fill="{colour}"/>'
+                     f'<text x="{left + pw + 36}" y="{top + 18 * k + 9}" font-size="11">{escape(p)}</text>')
+    width, height = left + pw + 170, top + ph + 48
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" font-family="sans-serif">\n' + "\n".join(parts) + "\n</svg>\n")

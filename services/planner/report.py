@@ -9,11 +9,11 @@ escaped, rationales and patches being untrusted text)::
     {"round": int, "status": "done" | "running", "date": str,
      "deployment": {"target", "drafter", "gpu", "batch"},
      "incumbent": {"label": str, "config": {option: value}, "patch": str, "entries": [str]},
-     "costmodel": {"t_ar_s": float,
-                   "budgets": [{"policy", "rows", "tau", "t_step_s", "c", "speedup"}],
+     "costmodel": {"batch": int (requests decoded at once; 1 when absent), "t_ar_s": float,
+                   "budgets": [{"policy", "rows" (over the batch), "tau", "t_step_s", "c", "speedup"}],
                    "best": str (a budget's policy), "tau_current": float, "tau_oracle": float,
                    "replay": {policy: tau},
-                   "ceiling": {"factors": {"tree", "kernels", "off_profile"}, "product", "largest",
+                   "ceiling": {"factors": {"tree", "kernels", "off_profile", "rows"}, "product", "largest",
                                "per_class": [{"class", "seconds", "floor_s", "ratio"}],
                                "notes": {factor: why} (optional: an AR system's tree factor)},
                    "direction": str, "svg": str | None (costmodel.render_svg; drawn here if absent)},
@@ -378,7 +378,8 @@ def render_round_html(record: dict, folder=None) -> str:
             _details("incumbent patch", inc.get("patch")) or ""]
     budgets, best = _dicts(cm.get("budgets")), cm.get("best")
     body += ["<h2>Cost model</h2>",
-             f"<p>T_AR <b>{_n(cm.get('t_ar_s'), '.3f', ' ms', 1e3)}</b> · τ current "
+             f"<p>batch <b>{_e(cm.get('batch', 1))}</b> · T_AR at that batch "
+             f"<b>{_n(cm.get('t_ar_s'), '.3f', ' ms', 1e3)}</b> · τ current "
              f"<b>{_n(cm.get('tau_current'), '.2f')}</b> · τ oracle <b>{_n(cm.get('tau_oracle'), '.2f')}</b> · "
              f"best budget <b>{_e(best)}</b></p>",
              '<p class="muted">Profiled estimates: τ, T_step, c and speed-up over AR = τ / c come from '
@@ -397,9 +398,9 @@ def render_round_html(record: dict, folder=None) -> str:
              f"<p>product <b>{_x(ceil.get('product'))}</b> · largest <b>{_e(ceil.get('largest'))}</b></p>",
              _table(["factor", "value"], [[f, _x(factors.get(f)) + noted(f)] for f in names],
                     hi={i for i, f in enumerate(names) if f == ceil.get("largest")}),
-             _table(["class", "seconds", "floor s", "time / floor"],
+             _table(["class", "seconds", "floor s", "time / floor", "bound"],
                     [[p.get("class"), _n(p.get("seconds"), ".3e"), _n(p.get("floor_s"), ".3e"),
-                      _x(p.get("ratio"))] for p in per_class])]
+                      _x(p.get("ratio")), p.get("bound")] for p in per_class])]
     svg = _safe_svg(cm.get("svg"))
     body.append(svg or _hbars("ceiling factors (largest in red)",
                               [(str(f), _f(factors.get(f)), f == ceil.get("largest")) for f in names]))

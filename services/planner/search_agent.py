@@ -20,14 +20,27 @@ A deployment without a drafter decodes AR: its incumbent has no drafter and no d
 speculation variant is then a system only where it brings its drafter (`kind:X`, mapped through
 `drafters`): a chain or tree variant that leaves the system without one is skipped with the reason.
 
+A variant of those options that verifies fewer rows per request than the incumbent attacks the
+rows factor instead: at a batch where every verified row costs compute (the cost model's "rows"
+direction), fewer, better rows are what pays; where a step is the weight read it gives τ away for
+nothing, and the cost model prunes it.
+
 Pruning: where the variant keeps the incumbent's drafter and draft length, exact replay on the
 incumbent's recording gives the variant's τ without running it, and the cost model's measured
-step cost c(N) (interpolated in the rows verified) its speedup. A variant whose replayed τ is no
-higher than the incumbent's, or whose predicted speedup falls short of the incumbent's by more
-than `margin`, is pruned with the reason. The rest are ranked: predictions on a measured step cost
+step cost c(N) (interpolated in the rows verified, at the cost model's batch: N = batch × the
+rows per request) its speedup. A variant whose replayed τ is no higher than the incumbent's while
+it verifies no fewer rows, or whose predicted speedup falls short of the incumbent's by more than
+`margin`, is pruned with the reason. The rest are ranked: predictions on a measured step cost
 (the policy is one of the cost model's budgets) first, then those on an interpolated one (a policy
 that builds its tree differently may cost more than its row count says), then variants with no
 prediction; each group by predicted speedup. The best `max_candidates` are proposed.
+
+The batch's row selection (a shared node budget, `shared:N:C`; per-request draft lengths,
+`draft_lens`) acts only where requests share a step: its variants are skipped at batch 1 (the
+round ports them only from batch 2 on, by their `batch_min` limit), never predicted (replay and the
+profile run one request at a time, which says nothing of how a batch shares its rows), and at
+batch > 1 the best of them takes one of the `max_candidates` places when the others would fill
+them all.
 """
 
 from __future__ import annotations
@@ -38,9 +51,10 @@ from specpilot.systemspec import is_server, server_program, with_options
 
 from .agents import Candidate, Context
 
-TREE_OPTIONS = frozenset({"mode", "tree", "draft_len", "drafter"})
+TREE_OPTIONS = frozenset({"mode", "tree", "draft_len", "draft_lens", "drafter"})
 KERNEL_OPTIONS = frozenset({"weights", "lm_head", "driver"})
-FACTOR_OF_DIRECTION = {"tree": "tree", "off-profile": "off_profile", "server": "server"}  # "kernel:<class>" -> "kernels"
+FACTOR_OF_DIRECTION = {"tree": "tree", "rows": "rows", "off-profile": "off_profile",
+                       "server": "server"}  # "kernel:<class>" -> "kernels"
 
 
 def direction_factor(direction: str) -> str:
@@ -48,10 +62,12 @@ def direction_factor(direction: str) -> str:
 
 
 def rows_of(options: dict) -> int:
-    """Rows a system verifies per step: the root plus its drafted nodes."""
+    """Rows a system verifies per step and request: the root plus its drafted nodes (AR: the root)."""
+    if options.get("mode") == "ar":
+        return 1
     if options.get("mode") == "tree":
         name, *args = options["tree"].split(":")
-        if name in ("best-first", "topk", "sequoia"):
+        if name in ("best-first", "topk", "sequoia", "shared"):  # shared: every lane plans the cap's rows
             return int(args[-1]) + 1
     return int(options.get("draft_len", 8)) + 1
 
@@ -85,6 +101,11 @@ def policy_of(options: dict) -> str:
     return options["tree"] if options.get("mode") == "tree" else "chain"
 
 
+def batch_rule(options: dict) -> bool:
+    """A variant of the batch's row selection: a shared node budget or per-request draft lengths."""
+    return "draft_lens" in options or (options.get("mode") == "tree" and options.get("tree", "").startswith("shared:"))
+
+
 class SearchAgent:
     name = "search"
 
@@ -96,6 +117,7 @@ class SearchAgent:
         """(factor, candidate) per usable variant; skipped variants with their reason."""
         out, skipped = [], []
         drafters = ctx.deployment.get("drafters", {})
+        batch = ctx.deployment.get("batch", 1)
         for entry in sorted(ctx.memory, key=lambda e: e["id"]):
             key = f"{entry['id']}@{entry['version']}"
             for variant, opts in sorted(entry.get("variants", {}).items()):
@@ -130,10 +152,20 @@ class SearchAgent:
                         and "profile" not in opts and not ctx.incumbent.get("profile"):
                     skipped.append({"name": name, "reason": "sequoia needs an acceptance profile file"})
                     continue
+                if batch_rule(opts) and batch == 1:
+                    skipped.append({"name": name, "reason": "a batch's row selection; the deployment decodes one "
+                                                            "request at a time"})
+                    continue
+                if batch_rule(opts) and system.get("mode", "chain") == "ar":
+                    skipped.append({"name": name, "reason": "per-request draft lengths need speculation; the "
+                                                            "system decodes AR"})
+                    continue
                 if system == ctx.incumbent:
                     skipped.append({"name": name, "reason": "the incumbent already runs it"})
                     continue
                 factor = "tree" if set(opts) <= TREE_OPTIONS else "kernels" if set(opts) <= KERNEL_OPTIONS else "unknown"
+                if factor == "tree" and rows_of(system) < rows_of(ctx.incumbent):
+                    factor = "rows"
                 out.append((factor, Candidate(name=name, agent=self.name, options=opts, entry=key, variant=variant,
                                               rationale=entry.get("title", ""))))
         return out, skipped
@@ -141,13 +173,15 @@ class SearchAgent:
     def _predict(self, cand: Candidate, ctx: Context) -> dict | None:
         cm, inc = ctx.costmodel, ctx.incumbent
         system = {**inc, **cand.options}
+        if batch_rule(system):  # replay runs one request at a time: how a batch shares its rows is not in it
+            return None
         same_lattice = (system.get("drafter") == inc.get("drafter")
                         and system.get("draft_len") == cm.get("draft_len", inc.get("draft_len")))
         tau = cm.get("replay", {}).get(policy_of(system)) if same_lattice else None
         if tau is None:
             return None
         measured = next((b["c"] for b in cm["budgets"] if b["policy"] == policy_of(system)), None)
-        c = measured if measured is not None else step_cost_at(rows_of(system), cm["budgets"])
+        c = measured if measured is not None else step_cost_at(rows_of(system) * cm.get("batch", 1), cm["budgets"])
         return {"tau": tau, "speedup": tau / c, "cost": "measured" if measured is not None else "interpolated"}
 
     def propose(self, ctx: Context) -> list[Candidate]:
@@ -170,9 +204,9 @@ class SearchAgent:
         tau_now, speed_now = ctx.costmodel["tau_current"], ctx.costmodel["speedup_current"]
         pruned, kept = [], []
         for factor, c in cands:  # a kernel variant keeps τ and changes c: replay cannot predict it, timing will
-            pred = self._predict(c, ctx) if factor == "tree" else None
+            pred = self._predict(c, ctx) if factor in ("tree", "rows") else None
             c = Candidate(**{**c.to_dict(), "predicted": pred})
-            if pred is not None and pred["tau"] <= tau_now + 1e-9:
+            if pred is not None and pred["tau"] <= tau_now + 1e-9 and factor == "tree":  # fewer rows may still pay
                 pruned.append((factor, c, f"exact replay: τ {pred['tau']:.2f} is no higher than the incumbent's "
                                           f"{tau_now:.2f}"))
             elif pred is not None and pred["speedup"] < self.margin * speed_now:
@@ -189,6 +223,11 @@ class SearchAgent:
             mine.sort(key=lambda c: (c.predicted is None, (c.predicted or {}).get("cost") != "measured",
                                      -(c.predicted or {}).get("speedup", 0.0), c.name))
             chosen = mine[: self.max_candidates]
+            rules = [c for c in mine if batch_rule(c.options)]
+            if rules and not any(batch_rule(c.options) for c in chosen):  # (only at batch > 1: skipped at 1)
+                chosen = chosen[: self.max_candidates - 1] + rules[:1]
+                notes.append(f"{rules[0].name}: the batch's row selection takes one of the {self.max_candidates} "
+                             "places (replay cannot rank it)")
             notes.append(f"attacking the {factor} factor (×{factors[factor]:.2f}) with {len(chosen)} of "
                          f"{len(mine)} variants")
             break

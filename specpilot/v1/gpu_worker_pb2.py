@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dspecpilot/v1/gpu_worker.proto\x12\x0cspecpilot.v1\"c\n\tBuildSpec\x12\x13\n\x0bsystem_json\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61se_rev\x18\x02 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x03 \x01(\x01\x12\x16\n\x0e\x63ode_tree_only\x18\x04 \x01(\x08\"N\n\nBuildChunk\x12\'\n\x04spec\x18\x01 \x01(\x0b\x32\x17.specpilot.v1.BuildSpecH\x00\x12\x0f\n\x05patch\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"E\n\rBuildResponse\x12\x11\n\tsystem_id\x18\x01 \x01(\t\x12\x11\n\tcode_tree\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\"o\n\x07Request\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x06prompt\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x12\n\nprompt_ids\x18\x03 \x03(\x05\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\x05\x12\x0c\n\x04tags\x18\x05 \x03(\tB\t\n\x07_prompt\"\\\n\x0fGenerateRequest\x12\x11\n\tsystem_id\x18\x01 \x01(\t\x12\'\n\x08requests\x18\x02 \x03(\x0b\x32\x15.specpilot.v1.Request\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\r\"B\n\nGeneration\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x12\n\nprompt_ids\x18\x03 \x03(\x05\"\x81\x01\n\x0eProfileRequest\x12\x11\n\tsystem_id\x18\x01 \x01(\t\x12\'\n\x08requests\x18\x02 \x03(\x0b\x32\x15.specpilot.v1.Request\x12\x12\n\nnew_tokens\x18\x03 \x01(\x05\x12\x0f\n\x07\x62udgets\x18\x04 \x03(\t\x12\x0e\n\x06replay\x18\x05 \x03(\t\"C\n\x12KernelClassProfile\x12\x0f\n\x07seconds\x18\x01 \x01(\x01\x12\r\n\x05\x62ytes\x18\x02 \x01(\x01\x12\r\n\x05\x66lops\x18\x03 \x01(\x01\"\xf4\x01\n\rBudgetProfile\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x01(\x01\x12\x0b\n\x03tau\x18\x03 \x01(\x01\x12\x10\n\x08t_step_s\x18\x04 \x01(\x01\x12\x19\n\x11profiled_t_step_s\x18\x05 \x01(\x01\x12\x39\n\x07kernels\x18\x06 \x03(\x0b\x32(.specpilot.v1.BudgetProfile.KernelsEntry\x1aP\n\x0cKernelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12/\n\x05value\x18\x02 \x01(\x0b\x32 .specpilot.v1.KernelClassProfile:\x02\x38\x01\"\xdd\x01\n\x0fProfileResponse\x12\x0f\n\x07\x63urrent\x18\x01 \x01(\t\x12\x11\n\tdraft_len\x18\x02 \x01(\x05\x12\x0e\n\x06t_ar_s\x18\x03 \x01(\x01\x12,\n\x07\x62udgets\x18\x04 \x03(\x0b\x32\x1b.specpilot.v1.BudgetProfile\x12\x39\n\x06replay\x18\x05 \x03(\x0b\x32).specpilot.v1.ProfileResponse.ReplayEntry\x1a-\n\x0bReplayEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"<\n\rScoreSequence\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\"Q\n\x0cScoreRequest\x12\x11\n\tsystem_id\x18\x01 \x01(\t\x12.\n\tsequences\x18\x02 \x03(\x0b\x32\x1b.specpilot.v1.ScoreSequence\"h\n\x0eScoredSequence\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x18\n\x10\x61rgmax_token_ids\x18\x02 \x03(\x05\x12\x15\n\rtoken_logprob\x18\x03 \x03(\x01\x12\x16\n\x0e\x61rgmax_logprob\x18\x04 \x03(\x01\"#\n\x0eReleaseRequest\x12\x11\n\tsystem_id\x18\x01 \x01(\t\"\x11\n\x0fReleaseResponse\"\x0f\n\rHealthRequest\"h\n\x0eHealthResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\x12\x0f\n\x07systems\x18\x05 \x01(\x05\x12\x0b\n\x03pid\x18\x06 \x01(\x05\x32\xae\x03\n\tGpuWorker\x12@\n\x05\x42uild\x12\x18.specpilot.v1.BuildChunk\x1a\x1b.specpilot.v1.BuildResponse(\x01\x12\x45\n\x08Generate\x12\x1d.specpilot.v1.GenerateRequest\x1a\x18.specpilot.v1.Generation0\x01\x12\x46\n\x07Profile\x12\x1c.specpilot.v1.ProfileRequest\x1a\x1d.specpilot.v1.ProfileResponse\x12\x43\n\x05Score\x12\x1a.specpilot.v1.ScoreRequest\x1a\x1c.specpilot.v1.ScoredSequence0\x01\x12\x46\n\x07Release\x12\x1c.specpilot.v1.ReleaseRequest\x1a\x1d.specpilot.v1.ReleaseResponse\x12\x43\n\x06Health\x12\x1b.specpilot.v1.HealthRequest\x1a\x1c.specpilot.v1.HealthResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dspecpilot/v1/gpu_worker.proto\x12\x0cspecpilot.v1\"c\n\tBuildSpec\x12\x13\n\x0bsystem_json\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61se_rev\x18\x02 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x03 \x01(\x01\x12\x16\n\x0e\x63ode_tree_only\x18\x04 \x01(\x08\"N\n\nBuildChunk\x12\'\n\x04spec\x18\x01 \x01(\x0b\x32\x17.specpilot.v1.BuildSpecH\x00\x12\x0f\n\x05patch\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"E\n\rBuildResponse\x12\x11\n\tsystem_id\x18\x01 \x01(\t\x12\x11\n\tcode_tree\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\"o\n\x07Request\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x06prompt\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x12\n\nprompt_ids\x18\x03 \x03(\x05\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\x05\x12\x0c\n\x04tags\x18\x05 \x03(\tB\t\n\x07_prompt\"\\\n\x0fGenerateRequest\x12\x11\n\tsystem_id\x18\x01 \x01(\t\x12\'\n\x08requests\x18\x02 \x03(\x0b\x32\x15.specpilot.v1.Request\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\r\"B\n\nGeneration\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x12\n\nprompt_ids\x18\x03 \x03(\x05\"\x90\x01\n\x0eProfileRequest\x12\x11\n\tsystem_id\x18\x01 \x01(\t\x12\'\n\x08requests\x18\x02 \x03(\x0b\x32\x15.specpilot.v1.Request\x12\x12\n\nnew_tokens\x18\x03 \x01(\x05\x12\x0f\n\x07\x62udgets\x18\x04 \x03(\t\x12\x0e\n\x06replay\x18\x05 \x03(\t\x12\r\n\x05\x62\x61tch\x18\x06 \x01(\x05\"C\n\x12KernelClassProfile\x12\x0f\n\x07seconds\x18\x01 \x01(\x01\x12\r\n\x05\x62ytes\x18\x02 \x01(\x01\x12\r\n\x05\x66lops\x18\x03 \x01(\x01\"\xf4\x01\n\rBudgetProfile\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x01(\x01\x12\x0b\n\x03tau\x18\x03 \x01(\x01\x12\x10\n\x08t_step_s\x18\x04 \x01(\x01\x12\x19\n\x11profiled_t_step_s\x18\x05 \x01(\x01\x12\x39\n\x07kernels\x18\x06 \x03(\x0b\x32(.specpilot.v1.BudgetProfile.KernelsEntry\x1aP\n\x0cKernelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12/\n\x05value\x18\x02 \x01(\x0b\x32 .specpilot.v1.KernelClassProfile:\x02\x38\x01\"\xec\x01\n\x0fProfileResponse\x12\x0f\n\x07\x63urrent\x18\x01 \x01(\t\x12\x11\n\tdraft_len\x18\x02 \x01(\x05\x12\x0e\n\x06t_ar_s\x18\x03 \x01(\x01\x12,\n\x07\x62udgets\x18\x04 \x03(\x0b\x32\x1b.specpilot.v1.BudgetProfile\x12\x39\n\x06replay\x18\x05 \x03(\x0b\x32).specpilot.v1.ProfileResponse.ReplayEntry\x12\r\n\x05\x62\x61tch\x18\x06 \x01(\x05\x1a-\n\x0bReplayEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"<\n\rScoreSequence\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\"Q\n\x0cScoreRequest\x12\x11\n\tsystem_id\x18\x01 \x01(\t\x12.\n\tsequences\x18\x02 \x03(\x0b\x32\x1b.specpilot.v1.ScoreSequence\"h\n\x0eScoredSequence\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x18\n\x10\x61rgmax_token_ids\x18\x02 \x03(\x05\x12\x15\n\rtoken_logprob\x18\x03 \x03(\x01\x12\x16\n\x0e\x61rgmax_logprob\x18\x04 \x03(\x01\"#\n\x0eReleaseRequest\x12\x11\n\tsystem_id\x18\x01 \x01(\t\"\x11\n\x0fReleaseResponse\"\x0f\n\rHealthRequest\"h\n\x0eHealthResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\x12\x0f\n\x07systems\x18\x05 \x01(\x05\x12\x0b\n\x03pid\x18\x06 \x01(\x05\x32\xae\x03\n\tGpuWorker\x12@\n\x05\x42uild\x12\x18.specpilot.v1.BuildChunk\x1a\x1b.specpilot.v1.BuildResponse(\x01\x12\x45\n\x08Generate\x12\x1d.specpilot.v1.GenerateRequest\x1a\x18.specpilot.v1.Generation0\x01\x12\x46\n\x07Profile\x12\x1c.specpilot.v1.ProfileRequest\x1a\x1d.specpilot.v1.ProfileResponse\x12\x43\n\x05Score\x12\x1a.specpilot.v1.ScoreRequest\x1a\x1c.specpilot.v1.ScoredSequence0\x01\x12\x46\n\x07Release\x12\x1c.specpilot.v1.ReleaseRequest\x1a\x1d.specpilot.v1.ReleaseResponse\x12\x43\n\x06Health\x12\x1b.specpilot.v1.HealthRequest\x1a\x1c.specpilot.v1.HealthResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -48,31 +48,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATION']._serialized_start=506
   _globals['_GENERATION']._serialized_end=572
   _globals['_PROFILEREQUEST']._serialized_start=575
-  _globals['_PROFILEREQUEST']._serialized_end=704
-  _globals['_KERNELCLASSPROFILE']._serialized_start=706
-  _globals['_KERNELCLASSPROFILE']._serialized_end=773
-  _globals['_BUDGETPROFILE']._serialized_start=776
-  _globals['_BUDGETPROFILE']._serialized_end=1020
-  _globals['_BUDGETPROFILE_KERNELSENTRY']._serialized_start=940
-  _globals['_BUDGETPROFILE_KERNELSENTRY']._serialized_end=1020
-  _globals['_PROFILERESPONSE']._serialized_start=1023
-  _globals['_PROFILERESPONSE']._serialized_end=1244
-  _globals['_PROFILERESPONSE_REPLAYENTRY']._serialized_start=1199
-  _globals['_PROFILERESPONSE_REPLAYENTRY']._serialized_end=1244
-  _globals['_SCORESEQUENCE']._serialized_start=1246
-  _globals['_SCORESEQUENCE']._serialized_end=1306
-  _globals['_SCOREREQUEST']._serialized_start=1308
-  _globals['_SCOREREQUEST']._serialized_end=1389
-  _globals['_SCOREDSEQUENCE']._serialized_start=1391
-  _globals['_SCOREDSEQUENCE']._serialized_end=1495
-  _globals['_RELEASEREQUEST']._serialized_start=1497
-  _globals['_RELEASEREQUEST']._serialized_end=1532
-  _globals['_RELEASERESPONSE']._serialized_start=1534
-  _globals['_RELEASERESPONSE']._serialized_end=1551
-  _globals['_HEALTHREQUEST']._serialized_start=1553
-  _globals['_HEALTHREQUEST']._serialized_end=1568
-  _globals['_HEALTHRESPONSE']._serialized_start=1570
-  _globals['_HEALTHRESPONSE']._serialized_end=1674
-  _globals['_GPUWORKER']._serialized_start=1677
-  _globals['_GPUWORKER']._serialized_end=2107
+  _globals['_PROFILEREQUEST']._serialized_end=719
+  _globals['_KERNELCLASSPROFILE']._serialized_start=721
+  _globals['_KERNELCLASSPROFILE']._serialized_end=788
+  _globals['_BUDGETPROFILE']._serialized_start=791
+  _globals['_BUDGETPROFILE']._serialized_end=1035
+  _globals['_BUDGETPROFILE_KERNELSENTRY']._serialized_start=955
+  _globals['_BUDGETPROFILE_KERNELSENTRY']._serialized_end=1035
+  _globals['_PROFILERESPONSE']._serialized_start=1038
+  _globals['_PROFILERESPONSE']._serialized_end=1274
+  _globals['_PROFILERESPONSE_REPLAYENTRY']._serialized_start=1229
+  _globals['_PROFILERESPONSE_REPLAYENTRY']._serialized_end=1274
+  _globals['_SCORESEQUENCE']._serialized_start=1276
+  _globals['_SCORESEQUENCE']._serialized_end=1336
+  _globals['_SCOREREQUEST']._serialized_start=1338
+  _globals['_SCOREREQUEST']._serialized_end=1419
+  _globals['_SCOREDSEQUENCE']._serialized_start=1421
+  _globals['_SCOREDSEQUENCE']._serialized_end=1525
+  _globals['_RELEASEREQUEST']._serialized_start=1527
+  _globals['_RELEASEREQUEST']._serialized_end=1562
+  _globals['_RELEASERESPONSE']._serialized_start=1564
+  _globals['_RELEASERESPONSE']._serialized_end=1581
+  _globals['_HEALTHREQUEST']._serialized_start=1583
+  _globals['_HEALTHREQUEST']._serialized_end=1598
+  _globals['_HEALTHRESPONSE']._serialized_start=1600
+  _globals['_HEALTHRESPONSE']._serialized_end=1704
+  _globals['_GPUWORKER']._serialized_start=1707
+  _globals['_GPUWORKER']._serialized_end=2137
 # @@protoc_insertion_point(module_scope)

@@ -7,7 +7,7 @@ import sys
 import time
 import urllib.request
 
-from specpilot.cli import main
+from specpilot.entrypoints.cli import main
 
 
 def run(capsys, *argv):
@@ -31,6 +31,10 @@ def test_memory_commands(tmp_path, capsys):
     assert g["nodes"][0]["key"] == "tree-best-first@1" and svg.read_text().startswith("<svg")
     plan = json.loads(run(capsys, "memory", "--store", url, "port", "--deployment",
                           '{"family": "qwen3_next", "device": "h200", "batch": 1}', "--json"))
+    batched = {"batch-shared-budget@1", "batch-draft-length@1"}  # limited to batch ≥ 2
+    assert batched <= set(added) and set(plan["order"]) == set(added) - batched
+    plan = json.loads(run(capsys, "memory", "--store", url, "port", "--deployment",
+                          '{"family": "qwen3_next", "device": "h200", "batch": 16}', "--json"))
     assert set(plan["order"]) == set(added)
     assert main(["memory", "--store", url, "show", "nope"]) == 2
     assert "unknown entry" in capsys.readouterr().err
@@ -41,7 +45,7 @@ def test_serve_memory_api(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"sqlite:///{tmp_path / 'm.db'}"
-    proc = subprocess.Popen([sys.executable, "-m", "specpilot.cli", "serve", "memory-api", "--store", url,
+    proc = subprocess.Popen([sys.executable, "-m", "specpilot.entrypoints.cli", "serve", "memory-api", "--store", url,
                              "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         for _ in range(100):

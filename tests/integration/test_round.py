@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from specpilot import bootstrap
-from specpilot.bootstrap import find_repo
-from specpilot.demo import SHIPPED, micro_pair
-from specpilot.round_cli import EMBEDDED_RUN, demo_json
+from specpilot.entrypoints import bootstrap
+from specpilot.entrypoints.bootstrap import find_repo
+from specpilot.entrypoints.demo import SHIPPED, micro_pair
+from specpilot.entrypoints.round_cli import EMBEDDED_RUN, demo_json
 from specpilot.services.controller.records import RecordState, Records
 from specpilot.services.controller import round as round_module
 from specpilot.services.controller.round import DeploymentError, Round, load_deployment
@@ -96,7 +96,7 @@ def test_a_round_measures_proposes_judges_stores_and_reports(tmp_path):
 
 def test_a_killed_run_resumes_without_measuring_again(tmp_path):
     (tmp_path / "dep.json").write_text(json.dumps(SMALL))
-    cmd = [sys.executable, "-m", "specpilot.cli", "round", "--deployment", str(tmp_path / "dep.json"),
+    cmd = [sys.executable, "-m", "specpilot.entrypoints.cli", "round", "--deployment", str(tmp_path / "dep.json"),
            "--run-dir", str(tmp_path / "run"), "--json"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 240
@@ -255,7 +255,7 @@ def test_a_round_on_a_deployment_without_a_drafter_profiles_ar_judges_the_weight
     assert m["current"] == "ar" and m["replay"] == {} and [b["policy"] for b in m["budgets"]] == ["ar"]
     assert cm["speedup_current"] == 1.0 and cm["ceiling"]["factors"]["tree"] == 1.0
     assert cm["ceiling"]["largest"] != "tree" and rec["direction"] != "tree" and cm["ceiling"]["notes"]["tree"]
-    formats = {f"{e.id}/{v}" for e in kept if e.limits for v in e.variants}
+    formats = {f"{e.id}/{v}" for e in kept if "devices" in e.limits for v in e.variants}
     assert {c["name"] for c in rec["candidates"]} == formats  # every weight format, nothing that needs a drafter
     skipped = {s["name"]: s["reason"] for s in rec["agents"]["search"]["skipped"]}
     assert "needs a drafter" in skipped["tree-best-first/n32"]
@@ -336,6 +336,7 @@ def test_a_deployment_at_two_batch_sizes_runs_a_round_per_size_and_gives_a_dispa
     for lane in out["lanes"]:
         rec = lane["rounds"][0]
         assert rec["status"] == "done" and rec["candidates"]
+        assert rec["measurement"]["batch"] == rec["costmodel"]["batch"] == lane["batch"]  # profiled at its size
         judged = [c for c in rec["candidates"] if not c.get("pruned")]
         assert judged, rec["candidates"]
         for c in judged:
@@ -345,3 +346,22 @@ def test_a_deployment_at_two_batch_sizes_runs_a_round_per_size_and_gives_a_dispa
     table = out["dispatch"]
     assert round_module.dispatch_for(table, 1)["measured_at"] == 1
     assert round_module.dispatch_for(table, 64)["measured_at"] == 2
+
+
+def test_a_round_at_a_batch_profiles_its_incumbent_at_that_batch(tmp_path):
+    """The cost model a round at batch 2 records is a batched profile: the worker's Profile ran
+    generate_batch two requests at a time, its rows are the step's over both requests, T_AR is the
+    AR step at batch 2, and the ceiling and its table say the batch."""
+    dep = load_deployment({**SMALL, "prompts": 3, "batch": 2, "max_new_tokens": 8})
+    r = embedded_round(dep, tmp_path)
+    rec = {"round": 1, "incumbent": r.incumbent()}
+    r.profile(rec)
+    m, cm = rec["measurement"], rec["costmodel"]
+    assert m["batch"] == cm["batch"] == cm["ceiling"]["batch"] == 2 and "batch_note" not in cm
+    assert [b["policy"] for b in m["budgets"]] == ["chain", "best-first:16"] and m["t_ar_s"] > 0
+    per_request = [b["rows"] / 2 for b in m["budgets"]]
+    assert per_request[1] == 17 and per_request[0] == int(per_request[0]) > 1  # both lanes' rows, every step
+    assert [b["rows_per_request"] for b in cm["budgets"]] == per_request
+    assert cm["ceiling"]["rows"] == m["budgets"][0]["rows"] and set(cm["ceiling"]["factors"]) >= {"rows", "tree"}
+    assert f"at batch 2, {m['budgets'][0]['rows']:g} rows per step" in cm["table"]
+    assert rec["direction"] == cm["direction"]

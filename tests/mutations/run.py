@@ -8,7 +8,8 @@ unmutated copy is run first and must pass (else nothing the mutations show means
 The engine's mutations only bite on accepted paths of three or more nodes, on both decoding
 drivers (the eager one: engine/cache.py Cache, engine/gdn.py replay_path; the static one:
 StaticCache.commit, gdn.tree_state / tree_gated_delta_rule, treeops.accept, and the row a device
-feature drafter keeps after acceptance, fast._FeatureDraft.observe); the statistics' change the
+feature drafter keeps after acceptance, fast._FeatureDraft.observe); the batch's row selection
+(treeops.share / build_shared, lengths.clip) only with several lanes; the statistics' change the
 lower bound by a few percent (services/controller/stats.py).
 
     python tests/mutations/run.py                  # every mutation, Hypothesis seeds 0..7
@@ -37,6 +38,7 @@ DEEP = ["tests/unit/test_lossless_deep.py"]
 STATS = ["tests/unit/test_paired_stats.py"]
 DRAFTERS = ["tests/unit/test_fast_deep_drafters.py"]
 BATCH = ["tests/unit/test_batch_decode.py"]
+ROWS = ["tests/unit/test_row_selection.py"]
 IGNORE = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".hypothesis", ".pytest_cache", "*.egg-info",
                                 "build", "dist")
 
@@ -131,8 +133,9 @@ MUTATIONS = [
         "static-accept",
         "(c) static: acceptance reports the accepted rows of depth < 2 only (the rest: the root)",
         "engine/treeops.py",
-        "path.scatter_(0, torch.where(acc, tree.depth.clamp(max=path_len - 1), path_len), idx)",
-        "path.scatter_(0, torch.where(acc & (tree.depth < 2), tree.depth.clamp(max=path_len - 1), path_len), idx)",
+        "path.scatter_(-1, torch.where(acc, tree.depth.clamp(max=path_len - 1), path_len), idx.expand_as(acc))",
+        "path.scatter_(-1, torch.where(acc & (tree.depth < 2), tree.depth.clamp(max=path_len - 1), path_len), "
+        "idx.expand_as(acc))",
         tuple(DEEP)),
     Mutation(
         "static-drafter-row",
@@ -145,8 +148,36 @@ MUTATIONS = [
         "batch-neighbour-tau",
         "(e) batched: each lane commits its neighbour lane's accepted length",
         "engine/fast.py",
-        "tau = torch.stack([t for _, t in acc]) * self.active  # an idle lane commits nothing",
-        "tau = torch.stack([t for _, t in acc]).roll(1) * self.active  # an idle lane commits nothing",
+        "tau = tau * self.active  # an idle lane commits nothing",
+        "tau = tau.roll(1) * self.active  # an idle lane commits nothing",
+        tuple(BATCH), engine=False),
+    Mutation(
+        "batch-share-not-closed",
+        "(e) batched: the shared budget takes each lane's worst-ranked nodes (a share that is not prefix-closed)",
+        "engine/treeops.py",
+        "order = top.flatten().argsort(descending=True, stable=True)",
+        "order = top.flatten().argsort(descending=False, stable=True)",
+        tuple(ROWS), engine=False),
+    Mutation(
+        "batch-share-idle-lane",
+        "(e) batched: idle lanes take shares of the budget",
+        "engine/treeops.py",
+        "top = top.masked_fill(active[:, None] == 0, NEG)  # an idle lane takes no share",
+        "top = top  # an idle lane takes no share",
+        tuple(ROWS), engine=False),
+    Mutation(
+        "batch-shared-root",
+        "(e) batched: each lane's shared-budget tree hangs from its neighbour lane's root token",
+        "engine/treeops.py",
+        "rows = [_pick(roots[b : b + 1], tokens[b], p, sel[b], taken[b]) for b, p in enumerate(pools)]",
+        "rows = [_pick(roots.roll(1)[b : b + 1], tokens[b], p, sel[b], taken[b]) for b, p in enumerate(pools)]",
+        tuple(BATCH), engine=False),
+    Mutation(
+        "batch-length-past",
+        "(e) batched: a lane's tree may use the position at its draft length (one past it)",
+        "engine/lengths.py",
+        "past = torch.arange(tokens.shape[1], device=tokens.device)[None, :] >= lengths[:, None]",
+        "past = torch.arange(tokens.shape[1], device=tokens.device)[None, :] > lengths[:, None]",
         tuple(BATCH), engine=False),
     Mutation(
         "stats-population-sd",

@@ -1,6 +1,8 @@
 """Batched decoding (FastDecoder lanes, Engine.generate_batch): every request's tokens equal its own
 AR tokens, whatever shares its steps — ragged prompts and limits, requests joining and leaving
-mid-decode, idle lanes, EOS inside accepted blocks, trees and chains, every family, in float64.
+mid-decode, idle lanes, EOS inside accepted blocks, trees and chains, every family, in float64;
+and so under the batch's row selection (a shared node budget that starves some lanes, per-request
+draft lengths), with each lane never accepting past its length.
 
 The drafter is a noisy oracle per request (it proposes the request's own AR continuation with
 errors), so accepted paths run deep and every lane accepts a different length each step."""
@@ -16,6 +18,7 @@ from specpilot.engine.decode import generate
 from specpilot.engine.drafters import DraftLM, FeatureDrafter, NgramDrafter
 from specpilot.engine.engine import Engine, EngineConfig, accepted_per_position
 from specpilot.engine.fast import FastDecoder
+from specpilot.engine.lengths import parse as parse_lengths
 from specpilot.engine.replay import make_policy
 from specpilot.engine.synthetic import (FAMILIES, NoisyOracle, random_drafter_net, random_eagle3_net, random_model,
                                         tiny_config)
@@ -37,14 +40,16 @@ def ar(family, prompt: tuple, n: int) -> list[int]:
 
 
 class PerRequestOracle(NoisyOracle):
-    """A NoisyOracle that finds its continuation by the prompt it is shown after a reset."""
+    """A NoisyOracle that finds its continuation by the prompt it is shown after a reset (and, in
+    `noise`, a request's own error rate by its prompt's first token; `calibrated`: scores that say it)."""
 
-    def __init__(self, family, p, seed, markov=False):
-        super().__init__([], 0, p, seed, VOCAB, markov=markov)
-        self.family = family
+    def __init__(self, family, p, seed, markov=False, noise: dict | None = None, calibrated=False):
+        super().__init__([], 0, p, seed, VOCAB, markov=markov, calibrated=calibrated)
+        self.family, self.noise, self.base = family, noise or {}, p
 
     def observe(self, committed, next_tokens, feats=None) -> None:
         if self.seen == 0:  # the prompt: its continuation, and noise of its own
+            self.p = self.noise.get(committed[0], self.base)
             self.cont, self.prompt_len = ar(self.family, tuple(committed), 64), len(committed)
             mine = self.seed * 7919 + sum((i + 1) * t for i, t in enumerate(committed))
             self.rng, self.gen = random.Random(mine), torch.Generator().manual_seed(mine)
@@ -218,3 +223,86 @@ def test_engine_generate_batch_and_run(zoo_target):
     eager = Engine(EngineConfig(target=zoo_target, drafter="ngram", dtype="float64", driver="eager"))
     with pytest.raises(ValueError, match="driver 'eager' decodes one request at a time"):
         eager.generate_batch(reqs, 2)
+
+
+# --------------------------------------------------------------------------- row selection at batch > 1
+
+RULES = [("shared:2:10", None), ("shared:4:8", "6,4,2"), ("shared:1:3", "6,2"), ("chain", "6,3"),
+         ("best-first:8", "5,2"), ("topk:3:8", "6,2")]
+
+
+@settings(max_examples=25, deadline=None)
+@given(family=st.sampled_from(FAMILIES), rule=st.sampled_from(RULES), lanes=st.integers(1, 3), prompts=prompts_st,
+       data=st.data(), p=st.sampled_from([0.0, 0.2, 0.5]), seed=st.integers(0, 3), markov=st.booleans())
+def test_every_request_gets_its_own_ar_tokens_under_the_batch_rules(family, rule, lanes, prompts, data, p, seed,
+                                                                     markov):
+    spec, lens = rule
+    limits = data.draw(st.lists(st.integers(1, 30), min_size=len(prompts), max_size=len(prompts)))
+    noise = {t: 0.7 for t in range(0, VOCAB, 3)}  # a third of the requests are hard to draft
+    oracle = PerRequestOracle(family, p, seed, markov, noise=noise, calibrated=seed % 2 == 1)
+    dec = FastDecoder(target(family), oracle, 6, make_policy(spec, None), max_len=128, graphs=False, lanes=lanes,
+                      lengths=parse_lengths(lens, 6) if lens else None)
+    out = dec.generate_batch(prompts, limits, eos=set())
+    allowed = set(parse_lengths(lens, 6)) if lens else {6}
+    for prompt, n, res in zip(prompts, limits, out):
+        assert res.tokens == ar(family, tuple(prompt), n)
+        for s in res.steps:
+            assert s.positions in allowed and 1 <= s.tau <= s.positions + 1  # never past the lane's length
+            assert s.rows == lanes * dec.spec.rows and 1 <= s.lanes <= lanes
+
+
+def test_a_shared_budget_starves_unsure_lanes_and_feeds_sure_ones():
+    """Three lanes, 2 nodes each in all, at most 8 for one: the requests the (calibrated) drafter is
+    sure of take the budget, the unsure one is left with its bonus token; every output is AR's."""
+    prompts, limits = [[3, 1, 4, 1, 5], [9, 2, 6], [6, 5, 3, 5]], [24, 24, 24]
+    oracle = PerRequestOracle("hybrid", 0.0, 1, noise={9: 0.9}, calibrated=True)
+    dec = FastDecoder(target("hybrid"), oracle, 6, make_policy("shared:2:8", None), max_len=128, graphs=False,
+                      lanes=3)
+    out = dec.generate_batch(prompts, limits, eos=set())
+    assert [r.tokens for r in out] == [ar("hybrid", tuple(q), n) for q, n in zip(prompts, limits)]
+    steps = min(len(r.steps) for r in out)
+    drafted = [[r.steps[i].drafted for r in out] for i in range(steps)]
+    assert all(sum(d) <= 6 and max(d) <= 8 for d in drafted)
+    assert any(d[1] == 0 and max(d) > 2 for d in drafted)  # starved beside a lane past its even share
+    assert all(s.rows == 3 * 9 for r in out for s in r.steps)  # every lane plans the cap's rows
+
+
+def test_each_lane_picks_its_length_and_never_accepts_past_it():
+    """Chains capped at lengths 3 / 2: a perfect drafter accepts the longest (3) every step; a
+    hopeless one (its top-1 always wrong) drops to the shortest as its recent acceptance halves
+    (1.5 → 0.75 → 0.375: needs 4, 2.5, 1.75); both outputs are AR's."""
+    prompts, limits = [[3, 1, 4, 1, 5], [9, 2, 6]], [25, 25]
+    dec = FastDecoder(target("sliding"), PerRequestOracle("sliding", 0.0, 2, noise={9: 1.0}), 6, None, max_len=128,
+                      graphs=False, lanes=2, lengths=(3, 2))
+    easy, hard = dec.generate_batch(prompts, limits, eos=set())
+    assert easy.tokens == ar("sliding", (3, 1, 4, 1, 5), 25) and hard.tokens == ar("sliding", (9, 2, 6), 25)
+    assert [s.positions for s in easy.steps] == [3] * 6 and [s.tau for s in easy.steps] == [4] * 6  # 24 after the first
+    assert [s.positions for s in hard.steps] == [3, 3] + [2] * (len(hard.steps) - 2)
+    assert all(s.tau == 1 for s in hard.steps)
+
+
+@pytest.mark.parametrize("kind, family", [("block", "hybrid"), ("sequential", "llama"),
+                                          ("block_markov+copy", "sliding"), ("draft_lm", "llama")])
+def test_device_drafters_under_the_batch_rules(kind, family):
+    prompts, limits = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9, 3], [2, 7]], [14, 9, 12, 10]
+    dec = FastDecoder(target(family), device_drafter(kind, family), 5, make_policy("shared:3:9", None), max_len=128,
+                      graphs=False, lanes=3, lengths=(5, 3, 2))
+    out = dec.generate_batch(prompts, limits, eos=set())
+    for q, n, res in zip(prompts, limits, out):
+        assert res.tokens == ar(family, tuple(q), n)
+        assert all(1 <= s.tau <= s.positions + 1 and s.drafted <= 9 for s in res.steps)
+
+
+def test_engine_batch_rules_at_batch_1_and_n(zoo_target):
+    from specpilot.zoo.workloads import Request
+
+    reqs = [Request(id=f"r{i}", prompt_ids=q, max_new_tokens=n)
+            for i, (q, n) in enumerate([([1, 2, 1, 2, 1, 2], 10), ([4, 4, 4], 7), ([9], 12)])]
+    eng = Engine(EngineConfig(target=zoo_target, drafter="ngram", dtype="float64", draft_len=4, mode="tree",
+                              tree="shared:3:8", draft_lens="4,2"))
+    assert eng.driver == "static"
+    batched, one = eng.run(reqs, batch=2), eng.run(reqs, batch=1)
+    truth = [ar("llama", tuple(r.prompt_ids), r.max_new_tokens) for r in reqs]
+    assert [o["tokens"] for o in batched["outputs"]] == [o["tokens"] for o in one["outputs"]] == truth
+    assert one["verified_rows_mean"] == 4  # alone: best-first:3 over 3 nodes and the root
+    assert 9 <= batched["verified_rows_mean"] <= 2 * 9  # two lanes of 9 rows over the requests each pass decoded

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specpilot.cli import main
+from specpilot.entrypoints.cli import main
 from specpilot.engine.checkpoint import save_model
 from specpilot.engine.drafters import save_drafter
 from specpilot.engine.synthetic import random_drafter_net, random_model, tiny_config
@@ -59,6 +59,17 @@ def test_generate_batch_gives_each_request_its_batch_1_tokens(ckpt, capsys):
         assert message in json.loads(capsys.readouterr().out)["error"]
 
 
+def test_generate_takes_the_batch_row_selection_rules(ckpt, capsys):
+    common = ["generate", "--target", str(ckpt / "target"), "--workload", str(ckpt / "w.jsonl"), "--dtype", "float64"]
+    ar = run_json(capsys, *common, "--mode", "ar")
+    rules = run_json(capsys, *common, "--drafter", str(ckpt / "drafter"), "--mode", "tree", "--tree", "shared:4:8",
+                     "--draft-len", "6", "--draft-lens", "6,3", "--batch", "3", "--driver", "static")
+    assert [o["tokens"] for o in rules["outputs"]] == [o["tokens"] for o in ar["outputs"]]
+    assert rules["config"]["draft_lens"] == "6,3" and rules["config"]["tree"] == "shared:4:8"
+    assert main([*common, "--drafter", "ngram", "--draft-lens", "9,2", "--draft-len", "4", "--json"]) == 2
+    assert "draft_lens" in json.loads(capsys.readouterr().out)["error"]
+
+
 def test_text_prompt_without_tokenizer_says_what_to_do(ckpt, capsys):
     assert main(["generate", "--target", str(ckpt / "target"), "--mode", "ar", "--prompt", "def f("]) == 2
     err = capsys.readouterr().err
@@ -92,7 +103,7 @@ def test_out_of_vocabulary_prompt_ids(ckpt, tmp_path, capsys):
 
 
 def test_console_script_runs(ckpt):
-    r = subprocess.run([sys.executable, "-m", "specpilot.cli", "generate", "--target", str(ckpt / "target"),
+    r = subprocess.run([sys.executable, "-m", "specpilot.entrypoints.cli", "generate", "--target", str(ckpt / "target"),
                         "--mode", "ar", "--workload", str(ckpt / "w.jsonl"), "--max-new-tokens", "3", "--json"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr

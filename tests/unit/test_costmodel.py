@@ -16,6 +16,7 @@ from specpilot.services.planner.costmodel import (
     Ceiling,
     DeviceSpec,
     KernelClass,
+    NO_ROWS,
     NO_TREE,
     KernelStat,
     Profile,
@@ -304,7 +305,7 @@ def test_an_ar_system_has_speedup_one_tree_factor_one_and_its_weight_read_as_dir
     assert f["tree"] == 1.0 and f["kernels"] == pytest.approx(profiled / floors)
     assert f["off_profile"] == pytest.approx(1.2)
     assert out["direction"] == "kernel:target_linear" and out["ceiling"]["largest"] == "kernels"
-    assert out["ceiling"]["notes"] == {"tree": NO_TREE}
+    assert out["ceiling"]["notes"] == {"tree": NO_TREE, "rows": NO_ROWS} and f["rows"] == 1.0
     tree_line = next(line for line in out["table"].splitlines() if line.strip().startswith("tree"))
     assert NO_TREE in tree_line
     assert NO_TREE in "".join(ET.fromstring(out["svg"]).itertext())
@@ -333,7 +334,126 @@ def test_a_ceiling_without_a_drafter_keeps_the_tree_factor_at_one():
     with_tree = ceiling(p, H200, tau_current=2.0, tau_oracle=4.0)
     without = ceiling(p, H200, tau_current=2.0, tau_oracle=4.0, has_drafter=False)
     assert with_tree.largest == "tree" and with_tree.factors["tree"] == pytest.approx(2.0)
-    assert without.factors["tree"] == 1.0 and without.largest != "tree" and without.notes == {"tree": NO_TREE}
+    assert without.factors["tree"] == 1.0 and without.largest != "tree"
+    assert without.notes == {"tree": NO_TREE, "rows": NO_ROWS}
     assert {k: v for k, v in without.factors.items() if k != "tree"} == \
         {k: v for k, v in with_tree.factors.items() if k != "tree"}
     assert NO_TREE in render_table(without) and NO_TREE not in render_table(with_tree)
+
+
+# --------------------------------------------------------------------------- at a batch
+
+# A device whose floors are max(FLOPs, bytes) picoseconds, and a target whose step reads W bytes of
+# weights and spends F_ROW FLOPs per verified row: the two terms cross at W / F_ROW = 50 rows.
+UNIT = DeviceSpec("unit", 1e12 / 0.6, 1e12 / 0.9, "test: a floor is max(FLOPs, bytes) ps")
+W, F_ROW = 1e9, 2e7
+
+
+def floor_s(rows: float) -> float:
+    return max(F_ROW * rows, W) / 1e12
+
+
+def batch_step(rows: float, slow: float = 1.2, off: float = 1.1) -> Profile:
+    """One step of `rows` rows over the batch: the target's linears at `slow` × their floor on
+    UNIT, the step `off` × that."""
+    return Profile(off * slow * floor_s(rows), {"target_linear": KernelStat(slow * floor_s(rows), W, F_ROW * rows)},
+                   n=rows)
+
+
+@pytest.mark.parametrize("batch, rows_factor, bound, expected", [
+    (1, 1.0, "read", "tree"),  # 17 rows: 3.4e8 FLOPs under the 1e9-byte read, and fewer rows cannot cut a read
+    (2, 1.0, "read", "tree"),  # 34 rows: still the read
+    (4, 1.36e9 / 1e9, "rows", "rows"),  # 68 rows cost 1.36e9; the oracle's 16 rows fall back to the read
+    (16, 272 / 64, "rows", "rows"),  # 272 rows against the 64 the oracle needs, both past the read
+])
+def test_the_direction_turns_from_the_tree_to_the_rows_as_the_batch_grows(batch, rows_factor, bound, expected):
+    """17 rows per request, τ 3 now and 4 for the oracle (tree ×4/3), kernels ×1.2, off-profile
+    ×1.1: at batch 1 a step is the weight read, at batch 16 every verified row costs compute."""
+    c = ceiling(batch_step(17 * batch), UNIT, tau_current=3.0, tau_oracle=4.0, batch=batch)
+    assert c.factors["rows"] == pytest.approx(rows_factor)
+    assert c.factors["tree"] == pytest.approx(4 / 3) and c.factors["kernels"] == pytest.approx(1.2)
+    assert c.factors["off_profile"] == pytest.approx(1.1)
+    assert c.product == pytest.approx(4 / 3 * 1.2 * 1.1 * rows_factor)
+    assert (c.batch, c.rows, c.rows_needed) == (batch, 17.0 * batch, 4.0 * batch)
+    assert [r.bound for r in c.per_class] == [bound]
+    assert direction(c) == expected and c.largest == expected
+    text = render_table(c)
+    assert f"at batch {batch}, {17 * batch} rows per step (17 per request)" in text and f"direction: {expected}" in text
+    assert f"at batch {batch}" in "".join(ET.fromstring(render_svg(c)).itertext())
+
+
+def test_fewer_rows_cut_only_the_flops_of_the_classes_that_work_per_verified_row():
+    # batch 16, 272 rows; the drafter's 3e9 FLOPs do not depend on the rows verified
+    p = Profile(1.0, {"target_linear": KernelStat(0.1, W, F_ROW * 272), "drafter": KernelStat(0.1, 0.0, 3e9)}, n=272)
+    c = ceiling(p, UNIT, tau_current=3.0, tau_oracle=4.0, batch=16)
+    assert c.factors["rows"] == pytest.approx((F_ROW * 272 + 3e9) / (F_ROW * 64 + 3e9))
+    assert cm.floors_at(p, UNIT, 64) == pytest.approx((F_ROW * 64 + 3e9) / 1e12)
+    assert (cm.bound(2.0, 1.0, UNIT), cm.bound(1.0, 2.0, UNIT), cm.bound(0.0, 0.0, UNIT)) == ("rows", "read", "-")
+
+
+def test_an_ar_system_at_a_batch_has_no_row_to_drop():
+    # 8 requests, one row each: at the floor every class, the step 1.3 × that; the rows are all committed
+    c = ceiling(batch_step(8, slow=1.0, off=1.3), UNIT, 1.0, 1.0, has_drafter=False, batch=8)
+    assert c.factors["rows"] == 1.0 and c.factors["tree"] == 1.0 and c.notes == {"tree": NO_TREE, "rows": NO_ROWS}
+    assert direction(c) == "off-profile"
+
+
+@pytest.mark.parametrize("batch", [0, -2, True, 1.5, "2"])
+def test_a_batch_that_is_not_a_positive_integer_is_refused_in_one_line(batch):
+    with pytest.raises(ValueError, match=r"^batch .*: expected a positive integer \(requests decoded at once\)$"):
+        ceiling(batch_step(17), UNIT, 3.0, 4.0, batch=batch)
+    with pytest.raises(ValueError, match="expected a positive integer"):
+        analyze({**batch_measurement(1), "batch": batch}, UNIT)
+
+
+def test_fewer_rows_than_requests_are_refused():
+    with pytest.raises(ValueError, match="3 rows verified per step at batch 4: every request verifies at least one"):
+        ceiling(batch_step(3), UNIT, 1.0, 1.0, batch=4)
+
+
+def batch_measurement(batch: int) -> dict:
+    """The worker's Profile at `batch` of a chain (17 rows per request, τ 3) and best-first:63 (64
+    rows, τ 4.5), every step at its floor (no time off the profile), the oracle at τ 4."""
+    def row(policy, per_request, tau):
+        t = floor_s(per_request * batch)
+        return {"policy": policy, "rows": float(per_request * batch), "tau": tau, "t_step_s": t, "profiled_t_step_s": t,
+                "kernels": {"target_linear": [t, W, F_ROW * per_request * batch], "other": [0.0, 0.0, 0.0]}}
+    return {"current": "chain", "draft_len": 16, "t_ar_s": floor_s(batch), "replay": {"oracle": 4.0}, "batch": batch,
+            "budgets": [row("chain", 17, 3.0), row("best-first:63", 64, 4.5)]}
+
+
+def test_wide_trees_stop_paying_at_a_large_batch():
+    one, sixteen = analyze(batch_measurement(1), UNIT), analyze(batch_measurement(16), UNIT)
+    # batch 1: T_AR 1 ms; the chain's 17 rows cost the read (c 1), the tree's 64 cost 1.28e9 (c 1.28)
+    assert [b["c"] for b in one["budgets"]] == pytest.approx([1.0, 1.28])
+    assert [b["speedup"] for b in one["budgets"]] == pytest.approx([3.0, 4.5 / 1.28])
+    assert one["best"] == "best-first:63" and one["direction"] == "tree"
+    # batch 16: T_AR is still the read (16 rows, 3.2e8 FLOPs); 272 rows cost 5.44 ×, 1024 rows 20.48 ×
+    assert [b["c"] for b in sixteen["budgets"]] == pytest.approx([5.44, 20.48])
+    assert [b["speedup"] for b in sixteen["budgets"]] == pytest.approx([3.0 / 5.44, 4.5 / 20.48])
+    assert sixteen["best"] == "chain" and sixteen["direction"] == "rows"
+    assert [b["rows_per_request"] for b in sixteen["budgets"]] == [17.0, 64.0]
+    assert sixteen["batch"] == 16 and sixteen["ceiling"]["batch"] == 16
+    assert sixteen["ceiling"]["factors"]["rows"] == pytest.approx(272 / 64)
+    assert sixteen["ceiling"]["per_class"][0]["bound"] == "rows" and one["ceiling"]["per_class"][0]["bound"] == "read"
+    assert analyze({k: v for k, v in batch_measurement(1).items() if k != "batch"}, UNIT)["batch"] == 1  # absent: 1
+
+
+def test_the_batch_axis_table_and_chart():
+    out = [analyze(batch_measurement(b), UNIT) for b in (16, 1, 4)]
+    table = cm.render_batch_table(out)
+    lines = table.splitlines()
+    batches = [int(line.split()[0]) for line in lines if line.split() and line.split()[0].isdigit()]
+    assert batches == [1, 1, 4, 4, 16, 16, 1, 4, 16]  # budgets, then factors, in increasing batch
+    best = [line.split()[1] for line in lines if "<- best" in line]
+    assert best == ["best-first:63", "chain", "chain"]  # at batch 4: 3 / 1.36 = 2.21 against 4.5 / 5.12 = 0.88
+    assert lines[-1].split()[-1] == "rows" and lines[-3].split()[-1] == "tree"
+    svg = cm.render_batch_svg(out)
+    root = ET.fromstring(svg)
+    texts = [("".join(t.itertext())) for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert [t for t in texts if t.startswith("batch ")] == ["batch 1", "batch 4", "batch 16"]
+    assert {"tree", "rows", "chain", "best-first:63"} <= set(texts)
+    assert len(list(root.iter("{http://www.w3.org/2000/svg}polyline"))) == 2
+    assert len(list(root.iter("{http://www.w3.org/2000/svg}circle"))) == 6
+    with pytest.raises(ValueError, match="one analysis per batch size"):
+        cm.render_batch_table([out[0], out[0]])

@@ -31,6 +31,17 @@ def test_limits_refuse():
     assert limits_refuse({"families": ["qwen3_next"]}, QWEN_H200) == "family 'qwen3' not in ['qwen3_next']"
     assert limits_refuse({"devices": ["h100"]}, QWEN_H200) == "device 'h200' not in ['h100']"
     assert limits_refuse({"batch_max": 4}, QWEN_H200) == "batch 8 > batch_max 4"
+    assert limits_refuse({"batch_min": 16}, QWEN_H200) == "batch 8 < batch_min 16"
+    assert limits_refuse({"batch_min": 2, "batch_max": 8}, QWEN_H200) is None
+
+
+@pytest.mark.parametrize("limits, words", [({"batch_min": 0}, "limits.batch_min': expected an integer >= 1"),
+                                           ({"batch_min": 9, "batch_max": 4}, "9 exceeds batch_max 4")])
+def test_bad_batch_limits_name_their_field(limits, words):
+    from specpilot.services.memory_api.entries import EntryError
+
+    with pytest.raises(EntryError, match=words):
+        E("rows", limits=limits)
 
 
 def test_limits_filter_picks_latest_allowed_version():

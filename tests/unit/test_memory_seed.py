@@ -45,9 +45,12 @@ def test_entry_resolves_alone(entry: Entry):
 def test_whole_seed_resolves_and_ports():
     order = resolve([Requirement(e.id) for e in SEED], seed_catalog())
     assert sorted(e.key for e in order) == sorted(e.key for e in SEED)
-    plan = port({"family": "dense", "device": "h200", "batch": 1}, seed_catalog())
+    plan = port({"family": "dense", "device": "h200", "batch": 4}, seed_catalog())
     assert not plan.skipped and len(plan.order) == len(SEED)
-    on_cpu = port({"family": "dense", "device": "cpu", "batch": 1}, seed_catalog())  # the GPU mechanisms stay out
+    alone = port({"family": "dense", "device": "h200", "batch": 1}, seed_catalog())  # the batch's rules stay out
+    assert {s.id: s.reason for s in alone.skipped} == {i: f"limits: {i}@1: batch 1 < batch_min 2"
+                                                       for i in ("batch-draft-length", "batch-shared-budget")}
+    on_cpu = port({"family": "dense", "device": "cpu", "batch": 2}, seed_catalog())  # the GPU mechanisms stay out
     assert sorted(s.id for s in on_cpu.skipped) == sorted(e.id for e in SEED if e.limits.get("devices"))
     assert {s.id for s in on_cpu.skipped} == {"driver-static", "lm-head-certified", "weights-w12"}
 
@@ -84,7 +87,7 @@ def test_variants_are_engine_config_options(entry: Entry):
             assert isinstance(opts["draft_len"], int) and opts["draft_len"] >= 1
         if opts.get("mode") == "tree":
             pname, _ = parse_policy(opts["tree"])
-            assert pname in ("best-first", "topk", "sequoia")
+            assert pname in ("best-first", "topk", "sequoia", "shared")
             if pname != "sequoia":
                 make_policy(opts["tree"])  # within the engine's tree-size limit
         # the variant plus a deployment's target/drafter(/profile) is a valid EngineConfig
@@ -101,3 +104,12 @@ def test_sequoia_says_it_needs_a_profile_and_markov_says_it_needs_a_checkpoint()
     assert all(v["drafter"] == "kind:block_markov" for v in by_id["drafter-block-markov"].variants.values())
     with pytest.raises(ValueError, match="profile"):
         EngineConfig(target="t", drafter="ngram", **by_id["tree-sequoia"].variants["n16"]).validate()
+
+
+def test_the_batch_rules_are_options_of_the_engine_limited_to_batches():
+    by_id = {e.id: e for e in SEED}
+    for ident in ("batch-shared-budget", "batch-draft-length"):
+        assert by_id[ident].limits == {"batch_min": 2} and not by_id[ident].requires
+        assert any("rows" in u for u in by_id[ident].unverified)  # what a step verifies is said
+    assert all(parse_policy(v["tree"])[0] == "shared" for v in by_id["batch-shared-budget"].variants.values())
+    assert all("draft_lens" in v for v in by_id["batch-draft-length"].variants.values())

@@ -40,6 +40,17 @@ def test_planted_bugs_are_caught():
     assert out.stdout.count("seed 0: caught") == 3
 
 
+def test_batch_row_selection_bugs_are_caught():
+    """The shared budget's and the per-request draft length's planted bugs: a share that is not
+    prefix-closed, idle lanes taking shares, a lane's tree hung from its neighbour's root, a lane
+    accepting one position past its length."""
+    names = ["batch-share-not-closed", "batch-share-idle-lane", "batch-shared-root", "batch-length-past"]
+    out = subprocess.run([sys.executable, str(SCRIPT), "--seeds", "0", "--no-baseline", "--only", *names],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("seed 0: caught") == len(names)
+
+
 def test_unknown_mutation_is_named():
     out = subprocess.run([sys.executable, str(SCRIPT), "--only", "nope"], capture_output=True, text=True,
                          timeout=60)

@@ -130,3 +130,57 @@ def test_shape_counts_attention_and_recurrent(models):
     assert s.kernels["attention"].flops == n_attn * 4.0 * keys * c.head_dim * c.num_attention_heads
     assert s.kernels["recurrent"].flops == n_gdn * 4.0 * c.linear_num_value_heads * c.linear_key_head_dim \
         * c.linear_value_head_dim
+
+
+def test_lane_groups_fill_every_batch():
+    p = [[1], [2], [3]]
+    assert profiler.lane_groups(p, 2) == [[[1], [2]], [[3], [1]]]
+    assert profiler.lane_groups(p, 1) == [[[1]], [[2]], [[3]]]
+    assert profiler.lane_groups(p, 5) == [[[1], [2], [3], [1], [2]]]
+    with pytest.raises(ValueError, match="no prompts"):
+        profiler.lane_groups([], 2)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_batch_profile_runs_generate_batch_and_its_counts_follow_the_batch_rows():
+    """profile_batch at batch 2 (the static driver's generate_batch on the CPU, float64): three
+    prompts decode as two full batches (the second topped up with the first prompt), every
+    request's tokens are its own AR tokens, a step verifies both lanes' rows and sums τ over the
+    requests it decoded. Against batch 1 every per-row FLOP count doubles while the weights are
+    read once per step: 2·bytes(1) − bytes(2) is the weight bytes."""
+    from specpilot.engine.replay import make_policy
+
+    tgt = random_model(tiny_config("hybrid", vocab=97), seed=2, dtype=torch.float64)
+    drafter = FeatureDrafter(random_drafter_net("block_markov", tgt.cfg, seed=4, dtype=torch.float64, block=8), tgt)
+    policy, prompts = make_policy("best-first:12"), [PROMPT, [7, 7, 1, 2], [9, 3, 30, 4, 4, 1, 2]]
+    two = profiler.profile_batch(tgt, prompts, NEW, 2, drafter, 6, policy, eos=set())
+    one = profiler.profile_batch(tgt, prompts, NEW, 1, drafter, 6, policy, eos=set())
+    alone = [decode.generate(tgt, p, NEW, eos=set()).tokens for p in prompts + prompts[:1]]
+    assert two.batch == 2 and two.tokens == two.ar_tokens == alone
+    rows = 2 * 13  # best-first:12: the root and 12 nodes in each lane
+    assert two.steps and {s.n for s in two.steps} == {rows} and list(two.by_n) == [rows]
+    assert all(1 <= s.requests <= 2 and s.tau >= s.requests for s in two.steps)  # every request commits ≥ 1
+    assert any(s.requests == 2 for s in two.steps)
+    assert sum(s.tau for s in two.steps) >= sum(len(t) - 1 for t in two.tokens)  # all but the prefill's token
+    assert two.t_ar > 0 and two.step_wall == [s.t_step for s in two.steps]
+    for s in two.steps:
+        assert s.kernels["other"].seconds == pytest.approx(max(s.t_step - s.profiled_seconds, 0.0))
+    a, b = one.steps[0].kernels, two.steps[0].kernels
+    for c in ("target_linear", "lm_head", "attention", "recurrent"):
+        assert b[c].flops == 2 * a[c].flops > 0, c
+        assert b[c].seconds > 0, c
+    weights = sum(p.numel() * 8 for p in tgt.model.layers.parameters() if p.dim() == 2)
+    assert 2 * a["target_linear"].bytes - b["target_linear"].bytes == weights
+    assert 2 * a["lm_head"].bytes - b["lm_head"].bytes == tgt.lm_head_weight.numel() * 8
+    costmodel = pytest.importorskip("specpilot.services.planner.costmodel")
+    c = costmodel.ceiling(costmodel.Profile(**{**two.by_n[rows].as_profile(), "kernels": {
+        k: v for k, v in b.items() if k != "other"}}), "cpu", 2.0, 3.0, batch=2)
+    assert c.batch == 2 and c.rows == rows and c.rows_needed == 6.0
+
+
+def test_a_batch_profile_refuses_what_batched_decoding_cannot_run(models):
+    with pytest.raises(ValueError, match="batch 0: expected a positive integer"):
+        profiler.profile_batch(models["llama"], [PROMPT], 4, 0)
+    drafter = FeatureDrafter(random_drafter_net("sequential", models["llama"].cfg, seed=1), models["llama"])
+    with pytest.raises(ValueError, match="batch 2: batched decoding cannot run the tree policy"):
+        profiler.profile_batch(models["llama"], [PROMPT], 4, 2, drafter, 4, functools.partial(trees.best_first, n=6))

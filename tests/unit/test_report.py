@@ -315,3 +315,14 @@ def test_a_run_without_a_drafter_says_so_in_the_deployment_the_ceiling_and_the_f
     assert note in index and note in text
     plain = render_round_html(_round(1))  # a deployment with a drafter: no such words
     assert NO_TREE not in plain and "none (AR)" not in plain
+
+
+def test_the_round_page_says_the_batch_its_cost_model_was_measured_at():
+    rec = _round()
+    rec["costmodel"]["batch"] = 8
+    rec["costmodel"]["ceiling"]["factors"]["rows"] = 3.4
+    rec["costmodel"]["ceiling"]["per_class"][0]["bound"] = "rows"
+    html = render_round_html(rec)
+    assert "batch <b>8</b> · T_AR at that batch <b>12.500 ms</b>" in html
+    assert "<td>rows</td><td>×3.400</td>" in html and "<th>bound</th>" in html
+    assert "batch <b>1</b>" in render_round_html(_round())  # a cost model without a batch: one request at a time

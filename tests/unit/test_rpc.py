@@ -12,10 +12,12 @@ def test_requests_round_trip():
 
 
 def test_a_profile_round_trips():
-    m = {"current": "chain", "draft_len": 16, "t_ar_s": 0.01, "replay": {"chain": 2.5, "oracle": 4.0},
-         "budgets": [{"policy": "chain", "rows": 17.0, "tau": 2.5, "t_step_s": 0.02, "profiled_t_step_s": 0.018,
+    m = {"current": "chain", "draft_len": 16, "t_ar_s": 0.01, "replay": {"chain": 2.5, "oracle": 4.0}, "batch": 4,
+         "budgets": [{"policy": "chain", "rows": 68.0, "tau": 2.5, "t_step_s": 0.02, "profiled_t_step_s": 0.018,
                       "kernels": {"attention": [0.001, 2048.0, 4096.0]}}]}
     assert rpc.profile_json(pb.ProfileResponse.FromString(rpc.profile_message(m).SerializeToString())) == m
+    older = {k: v for k, v in m.items() if k != "batch"}  # a measurement without a batch is one request at a time
+    assert rpc.profile_json(rpc.profile_message(older)) == {**older, "batch": 1}
 
 
 def test_a_large_patch_travels_in_chunks():

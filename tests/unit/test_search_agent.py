@@ -169,3 +169,66 @@ def test_an_ar_incumbent_may_switch_to_a_drafter_the_deployment_names_by_kind():
     assert agent.last_log["factor_order"][0] == "kernels" and "kernels" in agent.last_log["notes"][0]
     reasons = {s["name"]: s["reason"] for s in agent.last_log["skipped"]}
     assert "needs a drafter" in reasons["tree-best-first/n32"] and "needs a drafter" in reasons["draft-length/d8"]
+
+
+# --------------------------------------------------------------------------- at a batch
+
+# measured at batch 4: the rows are the step's (4 × per request), and every row costs
+BATCH4 = [
+    {"policy": "chain", "rows": 68.0, "tau": 1.7, "c": 2.0},
+    {"policy": "best-first:16", "rows": 68.0, "tau": 2.2, "c": 2.0},
+    {"policy": "best-first:32", "rows": 132.0, "tau": 2.9, "c": 3.6},
+    {"policy": "best-first:63", "rows": 256.0, "tau": 2.95, "c": 6.4},
+]
+
+
+def test_at_a_large_batch_the_rows_direction_proposes_fewer_rows_priced_at_the_batch():
+    """The incumbent verifies best-first:32 (33 rows per request, ×2.9 / 3.6 = ×0.806 over AR at
+    batch 4). Fewer rows attack the rows factor: best-first:16 replays to τ 2.2, below the
+    incumbent's, yet at c 2.0 it predicts ×1.1 and is proposed first, not pruned by its τ; the
+    chain (τ 1.7, c 2.0: ×0.85) next. topk:4:16 is priced at 4 × 17 = 68 rows (c 2.0: ×0.8)."""
+    inc = {**INCUMBENT, "mode": "tree", "tree": "best-first:32"}
+    cm = {"batch": 4, "budgets": BATCH4, "draft_len": 16, "tau_current": 2.9, "speedup_current": 2.9 / 3.6,
+          "replay": REPLAY, "ceiling": {"factors": {"tree": 1.24, "kernels": 1.1, "off_profile": 1.05, "rows": 3.0}}}
+    context = Context(round=1, deployment={"drafters": {}}, incumbent=inc, incumbent_patch="", costmodel=cm,
+                      direction="rows", memory=[e.to_dict() for e in SPECULATION], tried=())
+    agent = SearchAgent(max_candidates=3)
+    got = agent.propose(context)
+    assert [c.name for c in got] == ["tree-best-first/n16", "draft-length/d16", "tree-topk/k4n16"]
+    assert [c.predicted["speedup"] for c in got] == pytest.approx([2.2 / 2.0, 1.7 / 2.0, 1.6 / 2.0])
+    assert [c.predicted["cost"] for c in got] == ["measured", "measured", "interpolated"]
+    assert agent.last_log["factor_order"][0] == "rows"
+    pruned = {p["name"]: p["pruned"] for p in agent.last_log["pruned"]}
+    assert "cost model" in pruned["tree-best-first/n63"]  # wider: ×2.95 / 6.4 = ×0.46 at its 256 rows
+    assert not any(n.startswith(("tree-best-first/n16", "draft-length")) for n in pruned)
+    assert rows_of({"mode": "ar"}) == 1
+
+
+# --------------------------------------------------------------------------- the batch's row selection
+
+BATCH_RULES = [e for e in seed_entries() if e.id.startswith("batch-")]
+
+
+def test_the_batch_rules_are_skipped_at_batch_1_and_proposed_unpredicted_at_batch_n():
+    agent = SearchAgent(max_candidates=3)
+    alone = agent.propose(ctx(REPLAY))
+    assert not any(c.name.startswith("batch-") for c in alone)
+    reasons = {s["name"]: s["reason"] for s in agent.last_log["skipped"]}
+    assert all("one request at a time" in reasons[f"{e.id}/{v}"] for e in BATCH_RULES for v in e.variants)
+    replay = {**REPLAY, "shared:16:32": 2.2}  # replayed one request at a time: best-first:16's τ, no batch in it
+    got = agent.propose(ctx(replay, deployment={"drafters": {}, "batch": 8}))
+    names = [c.name for c in got]
+    assert names[:2] == ["tree-best-first/n32", "tree-best-first/n16"] and names[2].startswith("batch-")
+    assert got[2].predicted is None and "batch's row selection" in " ".join(agent.last_log["notes"])
+    assert not any(p["name"].startswith("batch-") for p in agent.last_log["pruned"])
+    wide = SearchAgent(max_candidates=20).propose(ctx(replay, deployment={"drafters": {}, "batch": 8}))
+    assert {c.name for c in wide} >= {f"{e.id}/{v}" for e in BATCH_RULES for v in e.variants}
+    assert rows_of({"mode": "tree", "tree": "shared:16:48"}) == 49  # every lane plans the cap's rows
+
+
+def test_per_request_draft_lengths_are_not_proposed_to_an_ar_system():
+    agent = SearchAgent(max_candidates=20)
+    agent.propose(ar_ctx(deployment={"drafters": {}, "batch": 4}))
+    reasons = {s["name"]: s["reason"] for s in agent.last_log["skipped"]}
+    assert "decodes AR" in reasons["batch-draft-length/16-12-8"]
+    assert "needs a drafter" in reasons["batch-shared-budget/n16-c32"]
