@@ -3,6 +3,10 @@ tree] (stock: the drafter's chain, Lattice.chain) under an ancestor mask, accept
 root path whose every token equals the target's argmax at its parent, then the bonus token.
 Output is token-for-token what AR produces (up to ties broken differently by different rounding).
 
+With `tlv` (tlv.py, two-level verification) the tree comes from a cycle instead: a Q pass over
+the drafter's tree picks a chain, a second draft from the chain's end grows it, and the one exact
+pass verifies and commits it as it does any tree (eager driver only).
+
 Two drivers share the model code: this module's eager one (the CPU, tests, the demo) and the
 static-shape one in fast.py. `generate(driver=...)` picks one (`pick_driver`): "auto" takes the
 static driver on a CUDA device when it runs the drafter and policy, else the eager one; "static"
@@ -49,6 +53,8 @@ class Step:
     rows: int = 0  # rows the pass verified: every lane's, padding and idle lanes included (0: not told)
     lanes: int = 1  # requests the pass decoded
     positions: int = 0  # drafted positions this request's tree could use (its draft length; 0: none drafted)
+    t_quick: float = 0.0  # two-level verification: the Q pass before this exact pass (not in t_draft)
+    chain: int = 0  # two-level verification: the rows of the Q pass's chain C the pass verified, root included
 
 
 @dataclass
@@ -98,16 +104,26 @@ def pick_driver(target: Model, drafter: Drafter | None, policy, driver: str = "a
 @torch.no_grad()
 def generate(target: Model, prompt: list[int], max_new_tokens: int, drafter: Drafter | None = None,
              draft_len: int = 8, eos: set[int] | None = None, policy: Policy | None = None,
-             record: list | None = None, logit_bias: torch.Tensor | None = None, driver: str = "auto") -> Result:
+             record: list | None = None, logit_bias: torch.Tensor | None = None, driver: str = "auto",
+             tlv=None) -> Result:
     """AR when drafter is None; else speculative decoding with `draft_len` drafted positions,
-    verifying the tree that `policy` builds from each lattice (stock chain by default).
+    verifying the tree that `policy` builds from each lattice (stock chain by default), or with
+    `tlv` (a tlv.TwoLevel) the tree of a two-level cycle: the Q pass's chain and a second draft.
     `record`, when given, receives one `StepRecord` per target pass (see replay.py).
     `logit_bias` [V] is a planted defect for the controller's self-tests (added to the target's
     logits before every argmax); never set it otherwise. `driver`: auto | static | eager (see
-    `pick_driver`); the result says which one ran."""
+    `pick_driver`); the result says which one ran. Two-level verification runs on the eager
+    driver only."""
     if not prompt:
         raise ValueError("prompt must hold at least one token")
-    driver = pick_driver(target, drafter, policy, driver)
+    if tlv is not None:
+        from .tlv import check_drafter
+
+        check_drafter(drafter)
+        if driver == "static":
+            raise ValueError("driver 'static' cannot run two-level verification (it runs on the eager driver); "
+                             "use driver 'auto' or 'eager'")
+    driver = "eager" if tlv is not None else pick_driver(target, drafter, policy, driver)
     if max_new_tokens <= 0:
         return Result([], driver=driver)
     eos = set(target.cfg.eos_token_id) if eos is None else eos
@@ -143,7 +159,13 @@ def generate(target: Model, prompt: list[int], max_new_tokens: int, drafter: Dra
         ta = clock(dev)
         room = max_new_tokens - len(res.tokens) - 1  # drafting past the token limit is wasted work
         lattice = drafter.propose(min(draft_len, room)) if drafter is not None and room > 0 else None
-        tree = policy(newest, lattice) if lattice is not None else trees.Tree((newest,), (-1,))
+        chain_rows, t_quick = 0, 0.0
+        if lattice is None:
+            tree = trees.Tree((newest,), (-1,))
+        elif tlv is not None:  # the Q pass picks a chain and a second draft grows it (tlv.py)
+            tree, chain_rows, t_quick = tlv.tree(cache, newest, lattice, drafter, draft_len, room, feat_layers)
+        else:
+            tree = policy(newest, lattice)
         tb = clock(dev)
         chain = tree.is_chain()
         positions = cache.length + torch.tensor([tree.depths], device=dev)
@@ -164,8 +186,9 @@ def generate(target: Model, prompt: list[int], max_new_tokens: int, drafter: Dra
         if drafter is not None and not done:
             drafter.observe(committed, emitted, out.features[0, path] if out.features is not None else None)
         te = clock(dev)
-        res.steps.append(Step(tau=len(path), drafted=len(tree) - 1, t_draft=(tb - ta) + (te - td),
+        res.steps.append(Step(tau=len(path), drafted=len(tree) - 1, t_draft=(tb - ta) - t_quick + (te - td),
                               t_verify=tc - tb, t_commit=td - tc, rows=len(tree),
-                              positions=lattice.positions if lattice is not None else 0))
+                              positions=lattice.positions if lattice is not None else 0, t_quick=t_quick,
+                              chain=chain_rows))
     res.decode_s = clock(dev) - t1
     return res

@@ -455,6 +455,20 @@ class Drafter:
         known continuation, for a chain): a drafter that drafts position by position may stop after
         the first position whose top-1 token differs, since a chain accepts nothing past it."""
 
+    def mark(self):
+        """What `rewind` needs to forget every `observe` after this call: two-level verification
+        (tlv.py) drafts from the end of a chain that is not committed yet."""
+        raise NotImplementedError(f"a {self.kind} drafter cannot forget what it observed (no mark / rewind)")
+
+    def rewind(self, mark) -> None:
+        """Forget the observes since `mark()` returned `mark`."""
+        raise NotImplementedError(f"a {self.kind} drafter cannot forget what it observed (no mark / rewind)")
+
+
+def rewinds(drafter: Drafter) -> bool:
+    """Whether the drafter can forget observed tokens (`Drafter.mark` / `rewind`)."""
+    return type(drafter).mark is not Drafter.mark and type(drafter).rewind is not Drafter.rewind
+
 
 def missed(known: list[int] | None, i: int, token: int) -> bool:
     """Whether a chain replayed against `known` (Drafter.propose) stops at drafted position i,
@@ -511,6 +525,13 @@ class FeatureDrafter(Drafter):
             self.keys[start : start + len(next_tokens)] = self.net.copy_key(h[0])
             self.tokens[start + 1 : start + 1 + len(next_tokens)] = nxt[0]
             self.tokens[start] = committed[0]
+
+    def mark(self):
+        return self.cache.length, self.last_hidden, self.last_logits, self.newest
+
+    def rewind(self, mark) -> None:  # pointer keys and tokens past the length are never read
+        length, self.last_hidden, self.last_logits, self.newest = mark
+        self.cache.truncate(length)
 
     @torch.no_grad()
     def propose(self, m: int, known: list[int] | None = None) -> Lattice:
@@ -579,6 +600,13 @@ class NgramDrafter(Drafter):
         self.history.extend(committed)
         self.newest = next_tokens[-1]
 
+    def mark(self):
+        return len(self.history), getattr(self, "newest", None)
+
+    def rewind(self, mark) -> None:
+        length, self.newest = mark
+        del self.history[length:]
+
     def propose(self, m: int, known: list[int] | None = None) -> Lattice:
         seq = self.history + [self.newest]
         proposal: list[int] = []
@@ -617,6 +645,13 @@ class DraftLM(Drafter):
         self.model(torch.tensor([committed], device=dev), self.cache, logits=False)
         self.cache.commit(len(committed))
         self.newest = next_tokens[-1]
+
+    def mark(self):
+        return self.cache.length, self.newest
+
+    def rewind(self, mark) -> None:
+        length, self.newest = mark
+        self.cache.truncate(length)
 
     @torch.no_grad()
     def propose(self, m: int, known: list[int] | None = None) -> Lattice:

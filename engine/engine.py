@@ -15,18 +15,19 @@ from .decode import DRIVERS, Result, generate, pick_driver
 from .drafters import load_drafter
 from .lengths import parse as parse_draft_lens
 from .replay import make_policy
+from .tlv import TwoLevel, check as check_tlv, check_drafter
 from .trees import parse_policy
 from .weights import LM_HEADS, WEIGHTS, apply as apply_weights
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
-MODES = ("ar", "chain", "tree")
+MODES = ("ar", "chain", "tree", "tlv")
 
 
 @dataclass
 class EngineConfig:
     target: str
     drafter: str | None = None  # checkpoint folder, or "ngram"
-    mode: str = "chain"  # ar | chain | tree
+    mode: str = "chain"  # ar | chain | tree | tlv (two-level verification, engine/tlv.py; eager driver)
     tree: str = "best-first:32"  # tree mode: best-first:N | topk:K:N | sequoia:N | shared:N:C | chain
     profile: str | None = None  # sequoia: an acceptance profile (JSON) from `specpilot replay --profile-out`
     draft_len: int = 8
@@ -44,6 +45,10 @@ class EngineConfig:
     # auto: the static (CUDA-graph) driver on CUDA where it runs the drafter and policy, else the
     # eager one; static | eager: that driver (static where it cannot run: refused, with the reason)
     driver: str = "auto"
+    # tlv mode: the nodes N of the Q pass's tree and of each exact pass (the root aside), and the
+    # depth of the Q pass's tree; the Q pass needs weights whose values are bf16 values
+    tlv_nodes: int = 32
+    tlv_q_depth: int = 8
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -75,6 +80,14 @@ class EngineConfig:
             if self.driver == "eager":
                 raise ValueError(f"draft_lens {self.draft_lens!r}: runs on the static driver; driver 'eager' "
                                  "cannot run it (use 'auto' or 'static')")
+        if self.mode == "tlv":
+            check_tlv(self.tlv_nodes, self.tlv_q_depth)
+            if self.driver == "static":
+                raise ValueError("mode 'tlv': runs on the eager driver; driver 'static' cannot run it (use 'auto' "
+                                 "or 'eager')")
+            if self.draft_lens is not None:
+                raise ValueError(f"draft_lens {self.draft_lens!r}: runs on the static driver; mode 'tlv' runs on "
+                                 "the eager one")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"device {self.device!r} asked for, but CUDA is not available here; use --device cpu")
 
@@ -147,7 +160,11 @@ class Engine:
             self.bias[list(biased)] = torch.tensor(list(biased.values()), dtype=torch.float64)
         if cfg.mode == "tree":
             self.policy = make_policy(cfg.tree, read_profile(cfg.profile) if cfg.profile else None)
-        self.driver = pick_driver(self.target, self.drafter, self.policy, cfg.driver)  # static | eager
+        self.tlv = None
+        if cfg.mode == "tlv":
+            check_drafter(self.drafter)
+            self.tlv = TwoLevel(self.target, cfg.tlv_nodes, cfg.tlv_q_depth)
+        self.driver = "eager" if self.tlv else pick_driver(self.target, self.drafter, self.policy, cfg.driver)
         self.lengths = parse_draft_lens(cfg.draft_lens, cfg.draft_len) if cfg.draft_lens else None
         if self.lengths:  # the static driver's mechanism, at every batch size
             from . import fast
@@ -183,8 +200,8 @@ class Engine:
             res = fast.decoder(self.target, self.drafter, self.cfg.draft_len, self.policy, self.bias, len(prompt) + n,
                                lengths=self.lengths).generate(prompt, n, record=record)
         else:
-            res = generate(self.target, prompt, n, self.drafter, self.cfg.draft_len,
-                           policy=self.policy, record=record, logit_bias=self.bias, driver=self.driver)
+            res = generate(self.target, prompt, n, self.drafter, self.cfg.draft_len, policy=self.policy,
+                           record=record, logit_bias=self.bias, driver=self.driver, tlv=self.tlv)
         self._slow(t0)
         return res
 
@@ -197,6 +214,8 @@ class Engine:
 
         if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
             raise ValueError(f"batch {batch!r}: expected a positive integer")
+        if self.tlv is not None:
+            raise ValueError(f"batch {batch}: mode 'tlv' decodes one request at a time (eager driver); use batch 1")
         if self.cfg.driver == "eager":
             raise ValueError("driver 'eager' decodes one request at a time; batched decoding runs the static "
                              "driver (use driver 'auto' or 'static')")
@@ -261,7 +280,8 @@ class Engine:
             # rows its passes verified, per request and pass: every lane's rows (padding, masked
             # rows and idle lanes included) over the requests the pass decoded
             "verified_rows_mean": sum(s.rows / s.lanes for s in steps) / len(steps) if steps else 0.0,
-            "time_s": {"draft": sum(s.t_draft for s in steps), "verify": sum(s.t_verify for s in steps),
+            "time_s": {"draft": sum(s.t_draft for s in steps), "quick": sum(s.t_quick for s in steps),
+                       "verify": sum(s.t_verify for s in steps),
                        "commit": sum(s.t_commit for s in steps), "total": wall},
             "driver": self.driver,
             "config": self.cfg.as_dict(),

@@ -160,6 +160,12 @@ class NoisyOracle(Drafter):
     def observe(self, committed, next_tokens, feats=None) -> None:
         self.seen += len(committed)
 
+    def mark(self) -> int:
+        return self.seen
+
+    def rewind(self, mark: int) -> None:  # the generator draws on: a run stays reproducible
+        self.seen = mark
+
     def propose(self, m: int, known: list[int] | None = None) -> Lattice:
         if m <= 0:
             return Lattice.empty()

@@ -31,6 +31,22 @@ def _w12(proj, name: str):
     return proj if isinstance(proj, W12Linear) else W12Linear.from_weight(proj.weight, proj.bias, name)
 
 
+def projections(model: Model):
+    """(owner module, attribute, name) of every layer projection a pass reads, fused ones included
+    (call after `model.fuse()`): what `weights: w12` stores in W12 and what the Q pass of
+    two-level verification (tlv.py) reads through its 8-bit view."""
+    for i, blk in enumerate(model.model.layers):
+        at = f"model.layers.{i}"
+        if blk.kind == "linear_attention":
+            yield blk.linear_attn, "in_proj", f"{at}.linear_attn.in_proj (fused)"
+            yield blk.linear_attn, "out_proj", f"{at}.linear_attn.out_proj"
+        else:
+            yield blk.self_attn, "qkv", f"{at}.self_attn.qkv (fused)"
+            yield blk.self_attn, "o_proj", f"{at}.self_attn.o_proj"
+        yield blk.mlp, "gate_up", f"{at}.mlp.gate_up (fused)"
+        yield blk.mlp, "down_proj", f"{at}.mlp.down_proj"
+
+
 def apply(model: Model, weights: str = "bf16", lm_head: str = "bf16") -> Model:
     """Set the target's weight formats (after its last .to()); a ValueError names a weight that
     cannot take them."""
@@ -38,18 +54,8 @@ def apply(model: Model, weights: str = "bf16", lm_head: str = "bf16") -> Model:
         raise ValueError(f"weights {weights!r} / lm_head {lm_head!r}: expected one of {WEIGHTS} / {LM_HEADS}")
     if weights == "w12":
         model.fuse()
-        for i, blk in enumerate(model.model.layers):
-            at = f"model.layers.{i}"
-            if blk.kind == "linear_attention":
-                g = blk.linear_attn
-                g.in_proj = _w12(g.in_proj, f"{at}.linear_attn.in_proj (fused)")
-                g.out_proj = _w12(g.out_proj, f"{at}.linear_attn.out_proj")
-            else:
-                a = blk.self_attn
-                a.qkv = _w12(a.qkv, f"{at}.self_attn.qkv (fused)")
-                a.o_proj = _w12(a.o_proj, f"{at}.self_attn.o_proj")
-            blk.mlp.gate_up = _w12(blk.mlp.gate_up, f"{at}.mlp.gate_up (fused)")
-            blk.mlp.down_proj = _w12(blk.mlp.down_proj, f"{at}.mlp.down_proj")
+        for owner, attr, name in list(projections(model)):
+            setattr(owner, attr, _w12(getattr(owner, attr), name))
     if lm_head == "w12":
         model.head = _w12(Dense(model.lm_head_weight), "lm_head")
     elif lm_head == "certified":

@@ -36,6 +36,7 @@ RECORD_N, RECORD_K = 128, 64  # channels × inputs of one record
 VIEW_BYTES = RECORD_N * RECORD_K  # 8192
 RECORD_BYTES = VIEW_BYTES + VIEW_BYTES // 2  # 12288: the view, then the low bits
 WINDOW = 16  # binades per channel
+MIDPOINT = 0x8  # the low bits a view-only reader restores: the middle of 0..15
 SUFFIXES = ("w12_view", "w12_low", "w12_lo", "w12_esc_idx", "w12_esc_val")  # a packed tensor's parts on disk
 
 
@@ -145,6 +146,16 @@ def decode(view: torch.Tensor, low: torch.Tensor, lo: torch.Tensor) -> torch.Ten
     v, l = view.to(torch.int32), low.to(torch.int32)
     bits = ((v & 0x80) << 8) | (((v & 0x7F) << 4) + (lo[: v.shape[0], None].to(torch.int32) << 7)) | l
     return bits.to(torch.int16).view(torch.bfloat16)  # int32 → int16 keeps the low 16 bits
+
+
+def quick(p: W12) -> torch.Tensor:
+    """The bf16 matrix [N, K] that a pass reading only the 8-bit views sees (two-level verification's
+    Q pass): each in-window weight's dropped 4 low mantissa bits at their midpoint (`MIDPOINT`), so
+    it lies within 2^-4 of the packed weight, relatively; every escape exact."""
+    view, _ = _untile(p)
+    w = decode(view, torch.full_like(view, MIDPOINT), p.lo).flatten()
+    w.view(torch.int16)[p.esc_idx.to(torch.int64)] = p.esc_val
+    return w.view(p.shape)
 
 
 def unpack(p: W12) -> torch.Tensor:

@@ -23,6 +23,10 @@ the program that takes the last ticket sums the partials in split order, rounds 
 the rows below M and resets the counter for the next call. The sum's order is fixed, so equal inputs
 give bit-identical outputs; the hot path allocates nothing once a `Workspace` is passed (CUDA graphs).
 
+The view-only pass (`quick=True`, two-level verification's Q pass) reads the first 8 KB of each
+record and decodes every slot with the low bits at their midpoint (format.quick), code 0 included,
+so its escape correction subtracts that code's value instead.
+
 Under TRITON_INTERPRET=1 the dots take float32 operands (bf16 dots are wrong in the interpreter);
 compiled, bf16 operands with float32 accumulation.
 """
@@ -34,7 +38,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .format import RECORD_BYTES, RECORD_K, RECORD_N, VIEW_BYTES, W12
+from .format import MIDPOINT, RECORD_BYTES, RECORD_K, RECORD_N, VIEW_BYTES, W12
 
 try:
     import triton
@@ -45,8 +49,9 @@ except ImportError:
 MAX_BM = 64  # rows one launch takes at most; more rows are taken bm at a time
 EB = 16  # escapes per correction dot
 LAUNCHED = ("_w12_gemm", "_bf16_gemm")
-# the kernels spell the record layout out (12288 bytes a record, its 8192 view bytes first, 64 inputs)
-assert (RECORD_BYTES, VIEW_BYTES, RECORD_K, RECORD_N) == (12288, 8192, 64, 128)
+# the kernels spell the record layout out (12288 bytes a record, its 8192 view bytes first, 64 inputs;
+# the view-only pass's low nibbles 0x8)
+assert (RECORD_BYTES, VIEW_BYTES, RECORD_K, RECORD_N, MIDPOINT) == (12288, 8192, 64, 128, 0x8)
 
 
 def available() -> bool:
@@ -159,14 +164,18 @@ if triton is not None:
 
     @triton.jit
     def _w12_step(acc, r, tile16, tile8, in16, in8, lo7, xm32, m_ok, j, K, TK, R: tl.constexpr,
-                  INTERPRET: tl.constexpr):
+                  INTERPRET: tl.constexpr, QUICK: tl.constexpr):
         """acc + the product of records r … r + R − 1 of a tile with their inputs of x. A record's view,
         read as int16, is one contiguous [128, 32] block (even input in the low byte); its low bytes
-        another (even input in the low nibble)."""
+        another (even input in the low nibble). QUICK: the views alone, the low bits at their
+        midpoint (format.MIDPOINT in both nibbles), the low bytes never read."""
         for q in tl.static_range(R):
             ok = r + q < TK
             v = tl.load(tile16 + (r + q) * 6144 + in16, mask=ok, other=0).to(tl.int32)
-            b = tl.load(tile8 + (r + q) * 12288 + in8, mask=ok, other=0).to(tl.int32)
+            if QUICK:
+                b = tl.full((128, 32), 0x88, tl.int32)
+            else:
+                b = tl.load(tile8 + (r + q) * 12288 + in8, mask=ok, other=0).to(tl.int32)
             ve, vo = v & 0xFF, (v >> 8) & 0xFF
             we = (((ve & 0x80) << 8) | (((ve & 0x7F) << 4) + lo7) | (b & 0xF)).to(tl.int16)
             wo = (((vo & 0x80) << 8) | (((vo & 0x7F) << 4) + lo7) | ((b >> 4) & 0xF)).to(tl.int16)
@@ -189,7 +198,8 @@ if triton is not None:
     @triton.jit
     def _w12_gemm(x, x32, rec16, rec8, lo, esc_idx, esc_val, tile_ptr, out, part, count,
                   M, N, K, TK, TILES, SPLIT_RECS, stride_xm, stride_om,
-                  BM: tl.constexpr, R: tl.constexpr, S: tl.constexpr, EB: tl.constexpr, INTERPRET: tl.constexpr):
+                  BM: tl.constexpr, R: tl.constexpr, S: tl.constexpr, EB: tl.constexpr, INTERPRET: tl.constexpr,
+                  QUICK: tl.constexpr):
         """Program (tile t, split s): records [s·SPLIT_RECS, (s+1)·SPLIT_RECS) ∩ [0, TK) of tile t, R a
         step, then its share of the tile's escapes, then `_finish`."""
         t = tl.program_id(0)
@@ -210,18 +220,21 @@ if triton is not None:
         acc = tl.zeros((128, BM), tl.float32)
         if INTERPRET:  # the interpreter's scalars are 1-element arrays, which `range` does not take
             while r < r1:
-                acc = _w12_step(acc, r, tile16, tile8, in16, in8, lo7, xm32, m_ok, j, K, TK, R, INTERPRET)
+                acc = _w12_step(acc, r, tile16, tile8, in16, in8, lo7, xm32, m_ok, j, K, TK, R, INTERPRET, QUICK)
                 r += R
         else:
             for rr in range(r, r1, R):
-                acc = _w12_step(acc, rr, tile16, tile8, in16, in8, lo7, xm32, m_ok, j, K, TK, R, INTERPRET)
+                acc = _w12_step(acc, rr, tile16, tile8, in16, in8, lo7, xm32, m_ok, j, K, TK, R, INTERPRET, QUICK)
         # escapes: out[m, n] += x[m, k]·val − x[m, k]·dec0_n, EB at a time, blocks s, s + S, …
         p0 = tl.load(tile_ptr + t)
         p1 = tl.load(tile_ptr + t + 1)
         e = tl.arange(0, EB)
         # [128, 1]: code 0 of each channel. (Bitcast values are taken to float32 before any arithmetic:
         # the interpreter keeps a bitcast tensor's raw bits.)
-        dec0 = lo7.to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32)
+        code0 = lo7
+        if QUICK:  # a view-only pass decodes code 0 with the midpoint's low bits
+            code0 = lo7 | 0x8
+        dec0 = code0.to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32)
         q = p0 + s * EB
         while q < p1:
             ok = q + e < p1
@@ -291,8 +304,9 @@ def _run(x, out, n, bm, workspace_, launch):
 
 
 def w12_linear(x: torch.Tensor, w: W12, config: Config | None = None, out: torch.Tensor | None = None,
-               ws: Workspace | None = None) -> torch.Tensor:
-    """x [M, K] bf16 @ unpack(w)ᵀ → [M, N] bf16 (float32 accumulation, one rounding)."""
+               ws: Workspace | None = None, quick: bool = False) -> torch.Tensor:
+    """x [M, K] bf16 @ unpack(w)ᵀ → [M, N] bf16 (float32 accumulation, one rounding); with `quick`,
+    x @ format.quick(w)ᵀ, reading only the records' views (two-level verification's Q pass)."""
     if triton is None:
         raise RuntimeError("w12_linear needs Triton (pip install triton)")
     n, k = w.shape
@@ -309,7 +323,7 @@ def w12_linear(x: torch.Tensor, w: W12, config: Config | None = None, out: torch
         part, count = wsp.get(splits * tiles * RECORD_N * cfg.bm, tiles)
         _w12_gemm[(tiles, splits)](xr, xr.view(torch.int32), rec16, rec8, w.lo, w.esc_idx, w.esc_val, w.tile_ptr, outr, part, count,
                                    xr.shape[0], n, k, tk, tiles, per, xr.stride(0), outr.stride(0),
-                                   BM=cfg.bm, R=cfg.bk // RECORD_K, S=splits, EB=EB, INTERPRET=_interpreting(),
+                                   BM=cfg.bm, R=cfg.bk // RECORD_K, S=splits, EB=EB, INTERPRET=_interpreting(), QUICK=quick,
                                    num_warps=cfg.warps, num_stages=cfg.stages)
 
     return _run(x, out, n, cfg.bm, ws, launch)

@@ -25,16 +25,16 @@ MAX_ROWS = 64  # rows the GEMM takes; longer passes (prefill) multiply by the re
 
 @torch.library.custom_op("specpilot::w12_linear", mutates_args=())
 def _gemm(x: torch.Tensor, records: torch.Tensor, lo: torch.Tensor, esc_idx: torch.Tensor, esc_val: torch.Tensor,
-          tile_ptr: torch.Tensor, n: int, k: int) -> torch.Tensor:
+          tile_ptr: torch.Tensor, n: int, k: int, quick: bool = False) -> torch.Tensor:
     """The W12 GEMM as one operator: torch.compile sees its output shape (below) and leaves the
     Triton launch to run as it is, so a compiled, graph-captured decode step keeps it whole."""
     from . import gemm  # Triton loads only where the kernel runs
 
-    return gemm.w12_linear(x, w12.W12((n, k), records, lo, esc_idx, esc_val, tile_ptr))
+    return gemm.w12_linear(x, w12.W12((n, k), records, lo, esc_idx, esc_val, tile_ptr), quick=quick)
 
 
 @_gemm.register_fake
-def _(x, records, lo, esc_idx, esc_val, tile_ptr, n, k):
+def _(x, records, lo, esc_idx, esc_val, tile_ptr, n, k, quick=False):
     return x.new_empty(x.shape[0], n)
 
 
@@ -44,9 +44,13 @@ def bf16_exact(w: torch.Tensor) -> bool:
 
 
 class W12Linear(nn.Module):
-    def __init__(self, packed: w12.W12, bias: torch.Tensor | None = None):
+    """`quick`: the layer as a view-only reader sees it (format.quick: the low bits at their
+    midpoint), two-level verification's Q pass; the GEMM then reads 8 of the 12 bits."""
+
+    def __init__(self, packed: w12.W12, bias: torch.Tensor | None = None, quick: bool = False):
         super().__init__()
         self.packed, self.out_features, self.in_features = packed, *packed.shape
+        self.quick = quick
         self.bias = None if bias is None else bias.detach()
         self._dense: torch.Tensor | None = None  # the restored weight, kept on the CPU
 
@@ -66,10 +70,11 @@ class W12Linear(nn.Module):
         return p.records.numel() + p.lo.numel() + 6 * p.escapes + 4 * p.tile_ptr.numel() + bias
 
     def restored(self, dtype: torch.dtype) -> torch.Tensor:
+        decode = w12.quick if self.quick else w12.unpack
         if self.packed.device.type != "cpu":
-            return w12.unpack(self.packed).to(dtype)
+            return decode(self.packed).to(dtype)
         if self._dense is None or self._dense.dtype != dtype:
-            self._dense = w12.unpack(self.packed).to(dtype)
+            self._dense = decode(self.packed).to(dtype)
         return self._dense
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -77,7 +82,7 @@ class W12Linear(nn.Module):
         x2 = x.reshape(-1, k)
         if x2.is_cuda and x2.dtype == torch.bfloat16 and x2.shape[0] <= MAX_ROWS:
             p = self.packed
-            y = _gemm(x2.contiguous(), p.records, p.lo, p.esc_idx, p.esc_val, p.tile_ptr, *p.shape)
+            y = _gemm(x2.contiguous(), p.records, p.lo, p.esc_idx, p.esc_val, p.tile_ptr, *p.shape, self.quick)
             if self.bias is not None:
                 y = y + self.bias
         else:
@@ -85,7 +90,8 @@ class W12Linear(nn.Module):
         return y.view(*lead, self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, escapes={self.packed.escapes}"
+        view = ", view only" if self.quick else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, escapes={self.packed.escapes}{view}"
 
 
 def convert(module: nn.Module, skip=lambda name: False) -> int:

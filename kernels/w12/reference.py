@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .format import W12, unpack
+from .format import W12, quick, unpack
 
 
 def bf16_linear_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -16,6 +16,11 @@ def bf16_linear_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def w12_linear_ref(x: torch.Tensor, w: W12) -> torch.Tensor:
     """x [M, K] @ unpack(w)ᵀ in float32, rounded to bf16."""
     return bf16_linear_ref(x, unpack(w))
+
+
+def w12_quick_ref(x: torch.Tensor, w: W12) -> torch.Tensor:
+    """x [M, K] @ quick(w)ᵀ (the views alone, low bits at their midpoint) in float32, rounded to bf16."""
+    return bf16_linear_ref(x, quick(w))
 
 
 def ulps(a: torch.Tensor, b: torch.Tensor, floor: float = 0.0) -> int:

@@ -15,7 +15,10 @@ formats are GPU mechanisms: W12 pays only through its GEMM on a GPU and the cert
 through its INT8 kernel there (on the CPU both run their torch references, exact and slower), so
 their `limits` name the Hopper device kinds. W12 requires the static driver: its GEMM is written
 for the fixed-shape, graph-captured step (`driver-static`, which `auto` already takes on CUDA — the
-entry pins it, and a candidate of it alone is the stock system there). Sequoia's
+entry pins it, and a candidate of it alone is the stock system there). Two-level verification
+(`tlv`) requires W12 (its Q pass reads the W12 views of the weights) and the best-first tree
+builder (tree ① and the second draft's subtree are best-first trees); it runs on the eager driver,
+one request at a time (`batch_max` 1), so its variants pin driver eager. Sequoia's
 acceptance profile comes from a replay recording (`specpilot replay --profile-out`), which is a
 measurement step, not another entry's code or configuration, so it is noted under `unverified`
 instead of being a requirement. Inventing edges would make porting drop entries for no reason.
@@ -67,8 +70,13 @@ def _tree(policy: str, draft_len: int = 16) -> dict:
     return {"mode": "tree", "tree": policy, "draft_len": draft_len}
 
 
+def _tlv(nodes: int, q_depth: int) -> dict:
+    return {"mode": "tlv", "tlv_nodes": nodes, "tlv_q_depth": q_depth, "draft_len": 16, "weights": "w12",
+            "driver": "eager"}
+
+
 def seed_entries() -> list[Entry]:
-    """The seed entries, in id order, each version 1."""
+    """The seed entries, in id order with requirements first, each version 1."""
     entries = [
         Entry(
             id="batch-draft-length",
@@ -256,8 +264,44 @@ def seed_entries() -> list[Entry]:
             limits={"devices": HOPPER},
             unverified=("pays where the head is a large part of the step (a large vocabulary at few rows)", _BATCH),
         ),
+        Entry(
+            id="tlv",
+            version=1,
+            requires=(Requirement("weights-w12"), Requirement("tree-best-first")),
+            title="Two-level verification: a Q pass reading W12's 8-bit views picks a chain from a best-first "
+                  "tree, a second draft grows it, one exact pass verifies both (built-in: mode=tlv)",
+            variants={
+                "n16-q6": _tlv(16, 6),
+                "n32-q8": _tlv(32, 8),
+                "n63-q15": _tlv(63, 15),
+            },
+            contract=LOSSLESS,
+            limits={"devices": HOPPER, "batch_max": 1},
+            unverified=(
+                _DRAFTER,
+                "the Q pass's view-only W12 GEMM (8 of 12 bits a weight) is unmeasured on a GPU, so the search "
+                "agent's outlook prices a Q pass like an exact pass and refuses TLV until it is measured",
+                "runs on the eager driver (no static, graph-captured cycle) and one request at a time",
+                "needs weights whose values are bf16 values and a drafter that can forget observed tokens "
+                "(Drafter.mark / rewind: every built-in drafter can)",
+            ),
+        ),
     ]
-    return sorted(entries, key=lambda e: e.id)
+    return _requirements_first(sorted(entries, key=lambda e: e.id))
+
+
+def _requirements_first(entries: list[Entry]) -> list[Entry]:
+    """`entries` in id order, each moved after the entries it requires (a store adds an entry only
+    once its requirements are in)."""
+    done: list[Entry] = []
+    ids: set[str] = set()
+    while len(done) < len(entries):
+        ready = [e for e in entries if e.id not in ids and all(r.id in ids for r in e.requires)]
+        if not ready:
+            raise ValueError("the seed entries' requirements form a cycle or name a missing entry")
+        done.append(ready[0])
+        ids.add(ready[0].id)
+    return done
 
 
 def seed_catalog() -> dict[str, list[Entry]]:

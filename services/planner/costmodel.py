@@ -28,8 +28,17 @@ The direction of the next round is the largest factor; for kernels it names the 
 the most time (time − floor), for rows it is "rows" (verify fewer, better rows per request). A
 system without a drafter (plain AR decoding) has no tree to grow and no row to drop: its tree and
 rows factors are 1, they are never the direction, and the table says why; its step is the AR step,
-so its speedup is 1 and the direction is the kernels or the time off the profile. Server-free: no
-engine import, no other service.
+so its speedup is 1 and the direction is the kernels or the time off the profile.
+
+Two-level verification (TLV) breaks the ceiling's assumption of one exact pass per draft: a cycle
+of two drafts, a Q pass (the target reading the 8-bit W12 view of its weights) and one exact pass,
+
+    T_cycle = 2·T_draft + T_Q + T_exact + T_glue,   speedup = τ / (T_cycle / T_AR)
+
+with τ the tokens per exact pass, at most τ_first + τ_second (both trees' one-pass τ: a Q pass
+that agrees with the exact pass everywhere) — `tlv_ceiling`. `tlv_outlook` predicts T_Q / T_exact
+from a one-pass profile and says whether a cycle could pay at all. Server-free: no engine import,
+no other service.
 """
 
 from __future__ import annotations
@@ -382,6 +391,77 @@ def direction(c: Ceiling) -> str:
     # max gap; ties go to the earlier class in KERNEL_CLASSES order (rows are in that order)
     worst = max(c.per_class, key=lambda r: (r.gap, -KERNEL_CLASSES.index(r.kernel_class)))
     return f"kernel:{worst.kernel_class}"
+
+
+# --------------------------------------------------------------------------- two-level verification
+
+
+PASS_CLASSES = ("target_linear", "lm_head", "attention", "recurrent")  # what a target pass spends
+DRAFT_CLASSES = ("drafter", "tree_build")  # what a draft spends
+TLV_MIN_GAIN = 1.25  # the least gain a TLV cycle must promise, at its best, to be worth proposing
+
+
+def tlv_cycle(t_draft: float, t_quick: float, t_exact: float, t_glue: float = 0.0) -> float:
+    """T_cycle = 2·T_draft + T_Q + T_exact + T_glue: two drafts, the Q pass, the exact pass and the
+    time between them."""
+    if min(t_draft, t_quick, t_exact, t_glue) < 0 or not t_exact > 0:
+        raise ValueError(f"times must be non-negative (the exact pass positive), got draft={t_draft}, "
+                         f"Q={t_quick}, exact={t_exact}, glue={t_glue}")
+    return 2 * t_draft + t_quick + t_exact + t_glue
+
+
+def tlv_speedup(tau: float, t_cycle: float, t_ar: float) -> float:
+    """τ / (T_cycle / T_AR), τ the tokens an exact pass commits (one exact pass a cycle)."""
+    return speedup(tau, t_cycle, t_ar)
+
+
+def tlv_ceiling(tau_first: float, tau_second: float, t_cycle: float, t_ar: float) -> float:
+    """The speedup no cycle beats, without the one-pass ceiling's assumption of one exact pass per
+    draft: where the Q pass agrees with the exact pass, one exact pass commits the chain (tree ①'s
+    one-pass τ, bonus included) and the subtree's path (its one-pass τ, bonus included), so
+    τ ≤ τ_first + τ_second per exact pass."""
+    return tlv_speedup(tau_first + tau_second, t_cycle, t_ar)
+
+
+def tlv_break_even(tau_now: float, t_step: float, t_cycle: float) -> float:
+    """The τ per exact pass at which a cycle of T_cycle matches a one-pass step of T_step at τ_now."""
+    return tau_now * step_cost(t_cycle, t_step)  # T_cycle / T_step, both checked positive
+
+
+def quick_share(kernels: Mapping[str, float], weight_bits: float, quick_bits: float) -> float:
+    """T_Q / T_exact predicted from an exact pass's seconds by class: the Q pass reads quick_bits of
+    each layer weight where the exact pass reads weight_bits (target_linear scaled by their ratio,
+    a read-bound pass), the rest of the pass (LM head, attention, recurrence) as it is."""
+    exact = sum(kernels.get(c, 0.0) for c in PASS_CLASSES)
+    if not exact > 0 or not (weight_bits > 0 and quick_bits > 0):
+        raise ValueError(f"an exact pass with time and positive bit widths needed, got {exact} s, "
+                         f"{weight_bits} / {quick_bits} bits")
+    return (exact + kernels.get("target_linear", 0.0) * (quick_bits / weight_bits - 1)) / exact
+
+
+@dataclass(frozen=True)
+class TlvOutlook:
+    quick_share: float  # T_Q / T_exact
+    best_gain: float  # a cycle over the current step, were τ per exact pass doubled
+    worth: bool  # best_gain ≥ min_gain
+    why: str
+
+
+def tlv_outlook(kernels: Mapping[str, float], t_step: float, weight_bits: float, quick_bits: float,
+                min_gain: float = TLV_MIN_GAIN) -> TlvOutlook:
+    """Whether TLV can pay on a one-pass system whose step (T_step) splits into `kernels` seconds by
+    class: its cycle adds a draft and a Q pass to the step (glue as now), and commits at best twice
+    the step's τ (two drafts' paths, a Q pass always right), so its best gain is
+    2·T_step / (T_step + T_draft + share·T_exact). Worth proposing only from `min_gain` on."""
+    share = quick_share(kernels, weight_bits, quick_bits)
+    exact = sum(kernels.get(c, 0.0) for c in PASS_CLASSES)
+    draft = sum(kernels.get(c, 0.0) for c in DRAFT_CLASSES)
+    gain = 2 * t_step / (t_step + draft + share * exact)
+    worth = gain >= min_gain
+    why = (f"the Q pass would cost {share:.2f} of the exact pass ({quick_bits:g} of {weight_bits:g} bits a weight): "
+           f"a cycle that doubled τ per exact pass would gain ×{gain:.2f}, "
+           + ("enough" if worth else f"under the ×{min_gain:.2f} worth proposing"))
+    return TlvOutlook(share, gain, worth, why)
 
 
 # --------------------------------------------------------------------------- rendering

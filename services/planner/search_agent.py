@@ -35,6 +35,14 @@ it verifies no fewer rows, or whose predicted speedup falls short of the incumbe
 that builds its tree differently may cost more than its row count says), then variants with no
 prediction; each group by predicted speedup. The best `max_candidates` are proposed.
 
+Two-level verification (`mode: tlv`) attacks the tree factor past its one-pass ceiling: more τ
+per exact pass, for a second draft and a Q pass a cycle. No replay predicts it; the cost model's
+outlook (`costmodel.tlv_outlook`, from the incumbent's profile by kernel class) prunes it, with
+the reason, unless a cycle that doubled τ per exact pass would gain `TLV_MIN_GAIN` — that is,
+unless the Q pass is cheap relative to the exact pass. The engine's Q pass reads a dense copy of
+the weights at the target's width (`quick_bits` None), as dear as the exact pass, so the outlook
+refuses it until the view-only W12 GEMM (8 bits a weight) is measured to read faster (`quick_bits=8`).
+
 The batch's row selection (a shared node budget, `shared:N:C`; per-request draft lengths,
 `draft_lens`) acts only where requests share a step: its variants are skipped at batch 1 (the
 round ports them only from batch 2 on, by their `batch_min` limit), never predicted (replay and the
@@ -50,9 +58,11 @@ import json
 from specpilot.systemspec import is_server, server_program, with_options
 
 from .agents import Candidate, Context
+from .costmodel import tlv_outlook
 
 TREE_OPTIONS = frozenset({"mode", "tree", "draft_len", "draft_lens", "drafter"})
 KERNEL_OPTIONS = frozenset({"weights", "lm_head", "driver"})
+DTYPE_BITS = {"bfloat16": 16, "float32": 32, "float64": 64}  # bits a dense weight of the dtype is read at
 FACTOR_OF_DIRECTION = {"tree": "tree", "rows": "rows", "off-profile": "off_profile",
                        "server": "server"}  # "kernel:<class>" -> "kernels"
 
@@ -65,6 +75,8 @@ def rows_of(options: dict) -> int:
     """Rows a system verifies per step and request: the root plus its drafted nodes (AR: the root)."""
     if options.get("mode") == "ar":
         return 1
+    if options.get("mode") == "tlv":  # each exact pass: C and the subtree, N nodes and the root
+        return int(options.get("tlv_nodes", 32)) + 1
     if options.get("mode") == "tree":
         name, *args = options["tree"].split(":")
         if name in ("best-first", "topk", "sequoia", "shared"):  # shared: every lane plans the cap's rows
@@ -109,9 +121,28 @@ def batch_rule(options: dict) -> bool:
 class SearchAgent:
     name = "search"
 
-    def __init__(self, max_candidates: int = 3, margin: float = 0.97):
-        self.max_candidates, self.margin = max_candidates, margin
+    def __init__(self, max_candidates: int = 3, margin: float = 0.97, quick_bits: int | None = None):
+        # quick_bits: the bits a weight the Q pass of two-level verification reads; None: priced at
+        # the target's width (the view-only GEMM's 8 bits are unmeasured on a GPU)
+        self.max_candidates, self.margin, self.quick_bits = max_candidates, margin, quick_bits
         self.last_log: dict = {}
+
+    def _tlv_outlook(self, ctx: Context) -> str | None:
+        """Why two-level verification cannot pay on the incumbent (None: it may): the cost model's
+        outlook from the incumbent's profile by kernel class (costmodel.tlv_outlook)."""
+        cm, inc = ctx.costmodel, ctx.incumbent
+        per_class = cm.get("ceiling", {}).get("per_class")
+        step = next((b.get("t_step_s") for b in cm.get("budgets", ()) if b["policy"] == cm.get("current")), None)
+        if not per_class or not step:
+            return "no profile by kernel class of the incumbent's step: the Q pass's cost cannot be predicted"
+        dense = DTYPE_BITS.get(inc.get("dtype", "float32"), 32)
+        weight_bits = 12 if inc.get("weights") == "w12" else dense
+        try:
+            out = tlv_outlook({r["class"]: r["seconds"] for r in per_class}, step, weight_bits,
+                              self.quick_bits or dense)
+        except ValueError as e:
+            return f"the incumbent's profile has no exact pass to compare the Q pass with ({e})"
+        return None if out.worth else f"cost model: {out.why}"
 
     def _instantiate(self, ctx: Context) -> tuple[list[tuple[str, Candidate]], list[dict]]:
         """(factor, candidate) per usable variant; skipped variants with their reason."""
@@ -163,8 +194,13 @@ class SearchAgent:
                 if system == ctx.incumbent:
                     skipped.append({"name": name, "reason": "the incumbent already runs it"})
                     continue
+                if opts.get("mode") == "tlv" and batch > 1:
+                    skipped.append({"name": name, "reason": "two-level verification decodes one request at a time"})
+                    continue
                 factor = "tree" if set(opts) <= TREE_OPTIONS else "kernels" if set(opts) <= KERNEL_OPTIONS else "unknown"
-                if factor == "tree" and rows_of(system) < rows_of(ctx.incumbent):
+                if opts.get("mode") == "tlv":  # more τ per exact pass, past the one-pass ceiling of the tree factor
+                    factor = "tree"
+                elif factor == "tree" and rows_of(system) < rows_of(ctx.incumbent):
                     factor = "rows"
                 out.append((factor, Candidate(name=name, agent=self.name, options=opts, entry=key, variant=variant,
                                               rationale=entry.get("title", ""))))
@@ -173,7 +209,7 @@ class SearchAgent:
     def _predict(self, cand: Candidate, ctx: Context) -> dict | None:
         cm, inc = ctx.costmodel, ctx.incumbent
         system = {**inc, **cand.options}
-        if batch_rule(system):  # replay runs one request at a time: how a batch shares its rows is not in it
+        if batch_rule(system) or system.get("mode") == "tlv":  # replay knows neither a batch nor a Q pass
             return None
         same_lattice = (system.get("drafter") == inc.get("drafter")
                         and system.get("draft_len") == cm.get("draft_len", inc.get("draft_len")))
@@ -203,10 +239,13 @@ class SearchAgent:
         order = [first] + sorted((f for f in factors if f != first), key=lambda f: -factors[f])
         tau_now, speed_now = ctx.costmodel["tau_current"], ctx.costmodel["speedup_current"]
         pruned, kept = [], []
+        tlv_why = self._tlv_outlook(ctx) if any(c.options.get("mode") == "tlv" for _, c in cands) else None
         for factor, c in cands:  # a kernel variant keeps τ and changes c: replay cannot predict it, timing will
             pred = self._predict(c, ctx) if factor in ("tree", "rows") else None
             c = Candidate(**{**c.to_dict(), "predicted": pred})
-            if pred is not None and pred["tau"] <= tau_now + 1e-9 and factor == "tree":  # fewer rows may still pay
+            if c.options.get("mode") == "tlv" and tlv_why:
+                pruned.append((factor, c, f"two-level verification: {tlv_why}"))
+            elif pred is not None and pred["tau"] <= tau_now + 1e-9 and factor == "tree":  # fewer rows may still pay
                 pruned.append((factor, c, f"exact replay: τ {pred['tau']:.2f} is no higher than the incumbent's "
                                           f"{tau_now:.2f}"))
             elif pred is not None and pred["speedup"] < self.margin * speed_now:

@@ -9,7 +9,9 @@ The engine's mutations only bite on accepted paths of three or more nodes, on bo
 drivers (the eager one: engine/cache.py Cache, engine/gdn.py replay_path; the static one:
 StaticCache.commit, gdn.tree_state / tree_gated_delta_rule, treeops.accept, and the row a device
 feature drafter keeps after acceptance, fast._FeatureDraft.observe); the batch's row selection
-(treeops.share / build_shared, lengths.clip) only with several lanes; the statistics' change the
+(treeops.share / build_shared, lengths.clip) only with several lanes; two-level verification's
+(decode.generate's acceptance of the Q pass's chain, tlv.TwoLevel.quick_pass dropping its rows)
+only where the Q pass is wrong or the target is a hybrid; the statistics' change the
 lower bound by a few percent (services/controller/stats.py).
 
     python tests/mutations/run.py                  # every mutation, Hypothesis seeds 0..7
@@ -39,6 +41,7 @@ STATS = ["tests/unit/test_paired_stats.py"]
 DRAFTERS = ["tests/unit/test_fast_deep_drafters.py"]
 BATCH = ["tests/unit/test_batch_decode.py"]
 ROWS = ["tests/unit/test_row_selection.py"]
+TLV = ["tests/unit/test_tlv.py"]
 IGNORE = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".hypothesis", ".pytest_cache", "*.egg-info",
                                 "build", "dist")
 
@@ -179,6 +182,21 @@ MUTATIONS = [
         "past = torch.arange(tokens.shape[1], device=tokens.device)[None, :] >= lengths[:, None]",
         "past = torch.arange(tokens.shape[1], device=tokens.device)[None, :] > lengths[:, None]",
         tuple(BATCH), engine=False),
+    Mutation(
+        "tlv-unchecked-chain",
+        "(f) two-level verification: the Q pass's chain C is accepted without the exact pass's check",
+        "engine/decode.py",
+        "path = tree.accept(argmax)",
+        "path = tree.accept([tree.tokens[i + 1] if i + 1 < chain_rows else a for i, a in enumerate(argmax)])",
+        tuple(TLV)),
+    Mutation(
+        "tlv-q-rows-kept",
+        "(f) two-level verification: the Q pass's rows are not dropped (a hybrid's exact chain pass commits "
+        "the Q pass's tree state)",
+        "engine/tlv.py",
+        "        finally:\n            cache.commit(0)",
+        "        finally:\n            pass",
+        tuple(TLV)),
     Mutation(
         "stats-population-sd",
         "statistics: the population standard deviation (ddof 0) instead of the sample one",

@@ -457,3 +457,36 @@ def test_the_batch_axis_table_and_chart():
     assert len(list(root.iter("{http://www.w3.org/2000/svg}circle"))) == 6
     with pytest.raises(ValueError, match="one analysis per batch size"):
         cm.render_batch_table([out[0], out[0]])
+
+
+# --------------------------------------------------------------------------- two-level verification
+
+
+def test_a_tlv_cycle_is_two_drafts_two_passes_and_the_glue():
+    # the paper's H100 cycle, in ms: 2 × 1.05 + 11.5 + 14.9 + 1.6
+    assert cm.tlv_cycle(1.05, 11.5, 14.9, 1.6) == pytest.approx(30.1)
+    assert cm.tlv_speedup(11.67, 30.1, 10.0) == pytest.approx(11.67 / 3.01)
+    # one exact pass commits both trees' paths at best: (6 + 6) / (30 / 10)
+    assert cm.tlv_ceiling(6.0, 6.0, 30.0, 10.0) == pytest.approx(4.0)
+    # a cycle twice as long as the step must commit twice the τ to break even
+    assert cm.tlv_break_even(6.0, 15.0, 30.0) == pytest.approx(12.0)
+    with pytest.raises(ValueError, match="exact pass positive"):
+        cm.tlv_cycle(1.0, 1.0, 0.0)
+
+
+def test_the_q_pass_share_scales_only_the_weight_read():
+    k = {"target_linear": 8.0, "attention": 2.0, "drafter": 1.0}
+    assert cm.quick_share(k, 16, 8) == pytest.approx(0.6)  # (2 + 8 · 8/16) / 10
+    assert cm.quick_share(k, 12, 8) == pytest.approx((2 + 8 * 8 / 12) / 10)  # over a W12 exact pass
+    assert cm.quick_share(k, 16, 16) == pytest.approx(1.0)  # a dense copy: no cheaper than the exact pass
+    with pytest.raises(ValueError, match="exact pass"):
+        cm.quick_share({"drafter": 1.0}, 16, 8)
+
+
+def test_tlv_is_worth_proposing_only_where_the_q_pass_is_cheap():
+    k = {"target_linear": 8.0, "attention": 2.0, "drafter": 1.0}  # T_step 12: 1 s off the classes (glue)
+    cheap = cm.tlv_outlook(k, 12.0, 16, 8)
+    assert cheap.best_gain == pytest.approx(24 / (12 + 1 + 6)) and cheap.worth  # ×1.26 ≥ ×1.25
+    dense = cm.tlv_outlook(k, 12.0, 16, 16)
+    assert dense.best_gain == pytest.approx(24 / 23) and not dense.worth
+    assert "1.00 of the exact pass" in dense.why and "under the ×1.25" in dense.why

@@ -21,7 +21,7 @@ CHECK = """
 import json, sys, torch
 from specpilot.kernels.w12 import format as F
 from specpilot.kernels.w12.gemm import Config, Workspace, bf16_linear, w12_linear
-from specpilot.kernels.w12.reference import bf16_linear_ref, ulps, w12_linear_ref
+from specpilot.kernels.w12.reference import bf16_linear_ref, ulps, w12_linear_ref, w12_quick_ref
 N, K, rows, splits, seed = json.loads(sys.argv[1])
 g = torch.Generator().manual_seed(seed)
 w = (torch.randn(N, K, generator=g) * 0.02).bfloat16()
@@ -36,7 +36,9 @@ seen = {}
 for m in rows:
     x = torch.randn(m, K, generator=g).bfloat16()
     x[:, 1] = 0.5                           # finite products with the infinity (0 · inf would be nan)
-    for kind, fn, wt, ref in (("w12", w12_linear, p, w12_linear_ref(x, p)), ("bf16", bf16_linear, w, bf16_linear_ref(x, w))):
+    quick = lambda x, p, cfg, out=None, ws=None: w12_linear(x, p, cfg, out=out, ws=ws, quick=True)
+    for kind, fn, wt, ref in (("w12", w12_linear, p, w12_linear_ref(x, p)), ("bf16", bf16_linear, w, bf16_linear_ref(x, w)),
+                              ("w12-view", quick, p, w12_quick_ref(x, p))):
         for s in splits:
             cfg = Config(16 if m <= 16 else 32, 128 if s == 1 else 64, s)  # 2 records a step, or 1 a split
             out = torch.full((m + 2, N), float("nan"), dtype=torch.bfloat16)
@@ -66,7 +68,7 @@ def run_check(args) -> dict:
 ])
 def test_kernels_equal_the_reference_within_one_ulp(case):
     seen = run_check(list(case))
-    assert len(seen) == 2 * len(case[2]) * len(case[3])
+    assert len(seen) == 3 * len(case[2]) * len(case[3])
     print(case, "max ulp", max(v["ulp"] for v in seen.values()))
     for name, v in seen.items():
         assert v["ulp"] <= 1, (name, v)
@@ -116,7 +118,7 @@ def test_both_kernels_compile_for_sm90_without_spills(bm, records, splits, warps
 
     if not aot.available():
         pytest.skip("this Triton wheel has no ptxas / cuobjdump")
-    c12 = aot.compile_kernel(gemm._w12_gemm, dict(BM=bm, R=records, S=splits, EB=gemm.EB, INTERPRET=False),
+    c12 = aot.compile_kernel(gemm._w12_gemm, dict(BM=bm, R=records, S=splits, EB=gemm.EB, INTERPRET=False, QUICK=False),
                              warps=warps, stages=stages, ints=INTS, types=W12_TYPES, aligned=tuple(W12_TYPES) + ALIGNED)
     c16 = aot.compile_kernel(gemm._bf16_gemm, dict(BM=bm, BK=64 * records, S=splits, INTERPRET=False),
                              warps=warps, stages=stages, ints=INTS, types=BF16_TYPES, aligned=tuple(BF16_TYPES) + ALIGNED)
@@ -131,6 +133,24 @@ def test_both_kernels_compile_for_sm90_without_spills(bm, records, splits, warps
     # the decoded weight is made in the dot's register-operand layout (wgmma's A from registers)
     decoded = [line for line in c12.asm["ttgir"].splitlines() if "tt.bitcast" in line and "xbf16, #ttg.dot_op<{opIdx = 0" in line]
     assert decoded, "the W12 decode is not in the dot operand layout"
+
+
+def test_the_view_only_pass_never_loads_the_low_bits(tmp_path):
+    """Compiled for sm_90, the Q pass's kernel copies only int16 views of the records (the low bytes
+    are the only uint8 records data) and spills nothing."""
+    from specpilot.kernels import aot
+    from specpilot.kernels.w12 import gemm
+
+    if not aot.available():
+        pytest.skip("this Triton wheel has no ptxas / cuobjdump")
+    ttgir = {}
+    for quick in (False, True):
+        c = aot.compile_kernel(gemm._w12_gemm, dict(BM=16, R=2, S=4, EB=gemm.EB, INTERPRET=False, QUICK=quick),
+                               warps=4, stages=3, ints=INTS, types=W12_TYPES, aligned=tuple(W12_TYPES) + ALIGNED)
+        assert aot.resources(c, tmp_path)["local_bytes"] == 0
+        ttgir[quick] = [line for line in c.asm["ttgir"].splitlines() if "async_copy_global_to_local" in line]
+    assert any("i8>" in line for line in ttgir[False]), "the full kernel's low-byte copies were not found"
+    assert ttgir[True] and not any("i8>" in line for line in ttgir[True]), "the view-only kernel copies low bytes"
 
 
 def test_bench_dry_run_writes_its_json(tmp_path):

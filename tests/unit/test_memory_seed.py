@@ -20,9 +20,12 @@ SEED = seed_entries()
 FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
 
 
-def test_expected_ids_unique_and_sorted():
+def test_expected_ids_unique_and_requirements_first():
     ids = [e.id for e in SEED]
-    assert ids == sorted(set(ids))
+    assert len(ids) == len(set(ids))
+    for i, e in enumerate(SEED):  # a store adds an entry only after what it requires
+        assert {r.id for r in e.requires} <= set(ids[:i]), e.id
+    assert ids.index("tlv") > ids.index("weights-w12") > ids.index("driver-static")
     assert {"tree-best-first", "tree-topk", "tree-sequoia", "draft-length", "drafter-block-markov"} <= set(ids)
 
 
@@ -38,27 +41,35 @@ def test_entry_is_a_valid_empty_delta_switch(entry: Entry):
 
 @pytest.mark.parametrize("entry", SEED, ids=lambda e: e.key)
 def test_entry_resolves_alone(entry: Entry):
-    order = resolve([Requirement(entry.id)], seed_catalog())
-    assert [e.key for e in order] == [r.id + "@1" for r in entry.requires] + [entry.key]
+    keys = [e.key for e in resolve([Requirement(entry.id)], seed_catalog())]
+    closure, todo = set(), list(entry.requires)  # its requirements and theirs, each before what needs it
+    while todo:
+        r = todo.pop()
+        closure.add(r.id + "@1")
+        todo += next(e for e in SEED if e.id == r.id).requires
+    assert keys[-1] == entry.key and set(keys[:-1]) == closure
 
 
 def test_whole_seed_resolves_and_ports():
     order = resolve([Requirement(e.id) for e in SEED], seed_catalog())
     assert sorted(e.key for e in order) == sorted(e.key for e in SEED)
-    plan = port({"family": "dense", "device": "h200", "batch": 4}, seed_catalog())
-    assert not plan.skipped and len(plan.order) == len(SEED)
+    plan = port({"family": "dense", "device": "h200", "batch": 4}, seed_catalog())  # TLV decodes one at a time
+    assert {s.id: s.reason for s in plan.skipped} == {"tlv": "limits: tlv@1: batch 4 > batch_max 1"}
+    assert len(plan.order) == len(SEED) - 1
     alone = port({"family": "dense", "device": "h200", "batch": 1}, seed_catalog())  # the batch's rules stay out
     assert {s.id: s.reason for s in alone.skipped} == {i: f"limits: {i}@1: batch 1 < batch_min 2"
                                                        for i in ("batch-draft-length", "batch-shared-budget")}
+    assert "tlv@1" in [e.key for e in alone.order]
     on_cpu = port({"family": "dense", "device": "cpu", "batch": 2}, seed_catalog())  # the GPU mechanisms stay out
     assert sorted(s.id for s in on_cpu.skipped) == sorted(e.id for e in SEED if e.limits.get("devices"))
-    assert {s.id for s in on_cpu.skipped} == {"driver-static", "lm-head-certified", "weights-w12"}
+    assert {s.id for s in on_cpu.skipped} == {"driver-static", "lm-head-certified", "tlv", "weights-w12"}
 
 
 def test_no_invented_requirements():
     # documented choice (seed.py docstring): the speculation mechanisms are independent switches;
-    # W12 alone requires something, the static driver its GEMM is written for
-    assert {e.id: [r.id for r in e.requires] for e in SEED if e.requires} == {"weights-w12": ["driver-static"]}
+    # W12 requires the static driver its GEMM is written for, TLV the W12 views and best-first trees
+    assert {e.id: [r.id for r in e.requires] for e in SEED if e.requires} == {
+        "weights-w12": ["driver-static"], "tlv": ["weights-w12", "tree-best-first"]}
     assert all(v.get("driver") == "static" for v in next(e for e in SEED if e.id == "weights-w12").variants.values())
 
 

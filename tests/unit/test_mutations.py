@@ -51,6 +51,15 @@ def test_batch_row_selection_bugs_are_caught():
     assert out.stdout.count("seed 0: caught") == len(names)
 
 
+def test_two_level_verification_bugs_are_caught():
+    """An exact pass that trusts the Q pass's chain, and a Q pass whose rows stay pending."""
+    names = ["tlv-unchecked-chain", "tlv-q-rows-kept"]
+    out = subprocess.run([sys.executable, str(SCRIPT), "--seeds", "0", "--no-baseline", "--only", *names],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("seed 0: caught") == len(names)
+
+
 def test_unknown_mutation_is_named():
     out = subprocess.run([sys.executable, str(SCRIPT), "--only", "nope"], capture_output=True, text=True,
                          timeout=60)

@@ -232,3 +232,36 @@ def test_per_request_draft_lengths_are_not_proposed_to_an_ar_system():
     reasons = {s["name"]: s["reason"] for s in agent.last_log["skipped"]}
     assert "decodes AR" in reasons["batch-draft-length/16-12-8"]
     assert "needs a drafter" in reasons["batch-shared-budget/n16-c32"]
+
+
+# --------------------------------------------------------------------------- two-level verification
+
+TLV = [e for e in seed_entries() if e.id == "tlv"]
+# a one-pass step of 12 ms: the weight read 8 ms of a 10 ms exact pass, the draft 0.6 ms
+PER_CLASS = [{"class": "target_linear", "seconds": 8e-3}, {"class": "attention", "seconds": 1e-3},
+             {"class": "lm_head", "seconds": 1e-3}, {"class": "drafter", "seconds": 0.5e-3},
+             {"class": "tree_build", "seconds": 0.1e-3}]
+
+
+def tlv_ctx(per_class=PER_CLASS):
+    cm = {**costmodel(REPLAY), "current": "chain",
+          "budgets": [{**BUDGETS[0], "t_step_s": 12e-3}, *BUDGETS[1:]],
+          "ceiling": {"factors": {"tree": 2.0, "kernels": 1.5, "off_profile": 1.1}, "per_class": per_class}}
+    return Context(round=1, deployment={"drafters": {}}, incumbent={**INCUMBENT, "dtype": "bfloat16"},
+                   incumbent_patch="", costmodel=cm, direction="tree", memory=[e.to_dict() for e in TLV], tried=())
+
+
+def test_tlv_is_proposed_only_where_its_q_pass_is_cheap_and_pruned_with_the_reason_elsewhere():
+    views = SearchAgent(max_candidates=5, quick_bits=8)  # a Q pass reading 8 of 16 bits: 0.6 of the exact pass
+    got = views.propose(tlv_ctx())
+    assert {c.name for c in got} == {f"tlv/{v}" for v in TLV[0].variants}  # ×24 / (12 + 0.6 + 6) = ×1.29 at best
+    assert all(c.predicted is None and c.options["mode"] == "tlv" for c in got)
+    dense = SearchAgent(max_candidates=5)  # the engine's Q pass: a dense copy, as dear as the exact pass
+    assert dense.propose(tlv_ctx()) == []
+    why = {p["name"]: p["pruned"] for p in dense.last_log["pruned"]}
+    assert set(why) == {f"tlv/{v}" for v in TLV[0].variants}
+    assert all("1.00 of the exact pass" in w and "×1.06" in w for w in why.values())
+    blind = SearchAgent(max_candidates=5, quick_bits=8)
+    assert blind.propose(tlv_ctx(per_class=[])) == []
+    assert all("no profile by kernel class" in p["pruned"] for p in blind.last_log["pruned"])
+    assert rows_of(TLV[0].variants["n32-q8"]) == 33
