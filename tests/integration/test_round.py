@@ -255,10 +255,11 @@ def test_a_round_on_a_deployment_without_a_drafter_profiles_ar_judges_the_weight
     assert m["current"] == "ar" and m["replay"] == {} and [b["policy"] for b in m["budgets"]] == ["ar"]
     assert cm["speedup_current"] == 1.0 and cm["ceiling"]["factors"]["tree"] == 1.0
     assert cm["ceiling"]["largest"] != "tree" and rec["direction"] != "tree" and cm["ceiling"]["notes"]["tree"]
-    formats = {f"{e.id}/{v}" for e in kept if "devices" in e.limits for v in e.variants}
+    formats = {f"{e.id}/{v}" for e in kept if "devices" in e.limits and e.id != "tlv" for v in e.variants}
     assert {c["name"] for c in rec["candidates"]} == formats  # every weight format, nothing that needs a drafter
     skipped = {s["name"]: s["reason"] for s in rec["agents"]["search"]["skipped"]}
     assert "needs a drafter" in skipped["tree-best-first/n32"]
+    assert {"tlv/n16-q6", "tlv/n32-q8", "tlv/n63-q15"} <= set(skipped)  # two-level verification drafts
     assert "block_markov" in skipped["drafter-block-markov/chain-d8"]
     for c in rec["candidates"]:  # each judged: token forcing against AR stock, then the paired runs
         assert c["error"] is None and c["verdict"], (c["name"], c["error"])
