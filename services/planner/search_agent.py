@@ -39,9 +39,10 @@ Two-level verification (`mode: tlv`) attacks the tree factor past its one-pass c
 per exact pass, for a second draft and a Q pass a cycle. No replay predicts it; the cost model's
 outlook (`costmodel.tlv_outlook`, from the incumbent's profile by kernel class) prunes it, with
 the reason, unless a cycle that doubled τ per exact pass would gain `TLV_MIN_GAIN` — that is,
-unless the Q pass is cheap relative to the exact pass. The engine's Q pass reads a dense copy of
-the weights at the target's width (`quick_bits` None), as dear as the exact pass, so the outlook
-refuses it until the view-only W12 GEMM (8 bits a weight) is measured to read faster (`quick_bits=8`).
+unless the Q pass is cheap relative to the exact pass. The engine's Q pass runs the view-only W12
+GEMM (8 bits a weight), whose speed is not measured yet, so by default (`quick_bits` None) the
+outlook prices it at the target's width, as dear as the exact pass, and refuses it; `quick_bits=8`
+prices the 8 bits.
 
 The batch's row selection (a shared node budget, `shared:N:C`; per-request draft lengths,
 `draft_lens`) acts only where requests share a step: its variants are skipped at batch 1 (the
