@@ -410,17 +410,12 @@ def tlv_cycle(t_draft: float, t_quick: float, t_exact: float, t_glue: float = 0.
     return 2 * t_draft + t_quick + t_exact + t_glue
 
 
-def tlv_speedup(tau: float, t_cycle: float, t_ar: float) -> float:
-    """τ / (T_cycle / T_AR), τ the tokens an exact pass commits (one exact pass a cycle)."""
-    return speedup(tau, t_cycle, t_ar)
-
-
 def tlv_ceiling(tau_first: float, tau_second: float, t_cycle: float, t_ar: float) -> float:
     """The speedup no cycle beats, without the one-pass ceiling's assumption of one exact pass per
     draft: where the Q pass agrees with the exact pass, one exact pass commits the chain (tree ①'s
     one-pass τ, bonus included) and the subtree's path (its one-pass τ, bonus included), so
     τ ≤ τ_first + τ_second per exact pass."""
-    return tlv_speedup(tau_first + tau_second, t_cycle, t_ar)
+    return speedup(tau_first + tau_second, t_cycle, t_ar)  # one exact pass a cycle
 
 
 def tlv_break_even(tau_now: float, t_step: float, t_cycle: float) -> float:

@@ -465,7 +465,7 @@ def test_the_batch_axis_table_and_chart():
 def test_a_tlv_cycle_is_two_drafts_two_passes_and_the_glue():
     # the paper's H100 cycle, in ms: 2 × 1.05 + 11.5 + 14.9 + 1.6
     assert cm.tlv_cycle(1.05, 11.5, 14.9, 1.6) == pytest.approx(30.1)
-    assert cm.tlv_speedup(11.67, 30.1, 10.0) == pytest.approx(11.67 / 3.01)
+    assert cm.speedup(11.67, 30.1, 10.0) == pytest.approx(11.67 / 3.01)  # τ per exact pass over T_cycle / T_AR
     # one exact pass commits both trees' paths at best: (6 + 6) / (30 / 10)
     assert cm.tlv_ceiling(6.0, 6.0, 30.0, 10.0) == pytest.approx(4.0)
     # a cycle twice as long as the step must commit twice the τ to break even
