@@ -56,7 +56,8 @@ LLAMA_8B = dict(
 
 
 def header() -> dict:
-    return {"command": " ".join(["python"] + sys.argv), "device": torch.cuda.get_device_name(),
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu ({torch.get_num_threads()} threads)"
+    return {"command": " ".join(["python"] + sys.argv), "device": device,
             "date": datetime.date.today().isoformat(), "git_sha": git_sha(), "torch": torch.__version__,
             "compile": os.environ.get("SPECPILOT_COMPILE", "1") != "0", "clocks": clocks()}
 
@@ -348,15 +349,15 @@ def forcing_candidate(systems: list[dict], stock: str) -> str | None:
     return max(rows, key=lambda r: r["tokens_per_s"])["system"] if rows else None
 
 
-def forcing(zoo: Path, cands: dict, stock, ar, reqs) -> dict:
+def forcing(zoo: Path, cands: dict, stock, ar, reqs, device: str = "cuda") -> dict:
     """Token forcing of each candidate's outputs ({name: rows}) against stock's, δ calibrated on AR."""
     from specpilot.engine.engine import Engine, EngineConfig
     from specpilot.services.controller.forcing import SystemOutput, calibrate_delta, check_forcing
     from specpilot.services.gpu_worker.scoring import load_scorer, memo_scorer
 
-    enc = Engine(EngineConfig(target=str(zoo / "dense"), mode="ar", device="cuda"))
+    enc = Engine(EngineConfig(target=str(zoo / "dense"), mode="ar", device=device))
     prompts = {r.id: enc.encode(r) for r in reqs}
-    scorer = memo_scorer(load_scorer(zoo / "dense", "cuda"))
+    scorer = memo_scorer(load_scorer(zoo / "dense", device))
     outs = lambda rows: [SystemOutput(o["id"], tuple(prompts[o["id"]]), tuple(o["tokens"])) for o in rows]  # noqa
     base = outs(stock)
     delta = calibrate_delta({o.id: o.tokens for o in base}, {o["id"]: tuple(o["tokens"]) for o in ar},

@@ -73,8 +73,9 @@ def wall_us(calls, replays: int) -> float:
     return (time.perf_counter() - t) * 1e6 / (replays * len(calls))
 
 
-def cell(name, k, n, m, weights, packed, xs, ref, sms, timer, replays, sweep: bool) -> dict:
-    """One (shape, rows) cell: cuBLAS, then each Triton kernel's configs (best one timed twice)."""
+def cell(name, k, n, m, weights, packed, xs, ref, quick_ref, sms, timer, replays, sweep: bool) -> dict:
+    """One (shape, rows) cell: cuBLAS, then each Triton kernel's configs (best one timed twice): the
+    bf16 GEMM, the W12 GEMM and its view-only variant (quick, against x @ format.quick(w)ᵀ)."""
     dev = weights[0].device
     out = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
     ws = gemm.Workspace(dev)
@@ -86,13 +87,15 @@ def cell(name, k, n, m, weights, packed, xs, ref, sms, timer, replays, sweep: bo
     row["cublas_us"] = timer([lambda w=w: torch.mm(x, w.T, out=out) for w in weights], replays)
     row["cublas_us_again"] = timer([lambda w=w: torch.mm(x, w.T, out=out) for w in weights], replays)
     cands = gemm.configs(m, n, k, sms) if sweep else [gemm.heuristic(m, n, k, sms)]
-    for kind, run, ws_in in (("bf16", lambda w, c: gemm.bf16_linear(x, w, c, out=out, ws=ws), weights),
-                             ("w12", lambda w, c: gemm.w12_linear(x, w, c, out=out, ws=ws), packed)):
+    for kind, run, ws_in, want in (
+            ("bf16", lambda w, c: gemm.bf16_linear(x, w, c, out=out, ws=ws), weights, ref),
+            ("w12", lambda w, c: gemm.w12_linear(x, w, c, out=out, ws=ws), packed, ref),
+            ("quick", lambda w, c: gemm.w12_linear(x, w, c, out=out, ws=ws, quick=True), packed, quick_ref)):
         tried = {}
         for cfg in cands:
             try:
                 run(ws_in[0], cfg)
-                got = ulps(out, ref, floor)
+                got = ulps(out, want, scale_floor(want))
                 tried[cfg] = (timer([lambda w=w, c=cfg: run(w, c) for w in ws_in], max(5, replays // 2)), got)
             except Exception as e:  # noqa: BLE001 — a config that does not launch (shared memory) is skipped
                 print(f"  {name} M={m} {kind} {cfg}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
@@ -108,8 +111,10 @@ def cell(name, k, n, m, weights, packed, xs, ref, sms, timer, replays, sweep: bo
         a = out.clone()
         run(ws_in[0], best)
         row[f"{kind}_deterministic"] = bool(torch.equal(a.view(torch.int16), out.view(torch.int16)))
-    row["max_ulp"] = max(row["bf16_max_ulp"], row["w12_max_ulp"])
+    row["max_ulp"] = max(row["bf16_max_ulp"], row["w12_max_ulp"], row["quick_max_ulp"])
     row["speedup"] = row["cublas_us"] / row["w12_us"]
+    row["quick_over_cublas"] = row["cublas_us"] / row["quick_us"]
+    row["quick_over_w12"] = row["w12_us"] / row["quick_us"]
     row["bf16_over_cublas"] = row["cublas_us"] / row["bf16_us"]
     return row
 
@@ -136,15 +141,15 @@ def run_shape(name, k, n, rows, copies, device, sms, timer, replays, sweep, bw) 
     if bw:
         res["floor_bf16_us"] = res["bf16_bytes"] / bw * 1e6
         res["floor_us"] = res["w12_bytes"] / bw * 1e6
-    exact = w12f.unpack(p).float()
+    exact, view = w12f.unpack(p).float(), w12f.quick(p).float()
     for m in rows:
         try:
             x = torch.randn(m, k, device=device).bfloat16()
-            ref = (x.float() @ exact.T).bfloat16()
-            res["cells"][str(m)] = cell(name, k, n, m, weights, packed, x, ref, sms, timer, replays, sweep)
+            ref, quick_ref = (x.float() @ exact.T).bfloat16(), (x.float() @ view.T).bfloat16()
+            res["cells"][str(m)] = cell(name, k, n, m, weights, packed, x, ref, quick_ref, sms, timer, replays, sweep)
             c = res["cells"][str(m)]
             print(f"{name:8s} M={m:3d} cublas {c['cublas_us']:8.1f} bf16 {c['bf16_us']:8.1f} w12 {c['w12_us']:8.1f} µs "
-                  f"speedup {c['speedup']:.2f} ulp {c['max_ulp']}", flush=True)
+                  f"quick {c['quick_us']:8.1f} µs speedup {c['speedup']:.2f} ulp {c['max_ulp']}", flush=True)
         except Exception as e:  # noqa: BLE001 — one failing cell must not stop the others
             print(f"{name} M={m}: FAILED {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
             traceback.print_exc(limit=2)
@@ -158,15 +163,18 @@ def summary(out: dict) -> dict:
     cells = [c for s in out["shapes"].values() for c in s["cells"].values()]
     return {"gemm_speedup_min": min((c["speedup"] for c in cells), default=None),
             "bf16_over_cublas_min": min((c["bf16_over_cublas"] for c in cells), default=None),
+            "quick_over_w12_min": min((c["quick_over_w12"] for c in cells), default=None),
             "max_ulp": max((c["max_ulp"] for c in cells), default=None),
-            "deterministic": all(c["bf16_deterministic"] and c["w12_deterministic"] for c in cells)}
+            "deterministic": all(c["bf16_deterministic"] and c["w12_deterministic"] and c["quick_deterministic"]
+                                 for c in cells)}
 
 
 def table(out: dict) -> str:
-    lines = [f"{'shape':8s} {'M':>3s} {'cublas':>8s} {'bf16':>8s} {'w12':>8s} {'floor':>7s} {'w12×':>5s} {'bf16×':>5s} ulp"]
+    lines = [f"{'shape':8s} {'M':>3s} {'cublas':>8s} {'bf16':>8s} {'w12':>8s} {'quick':>8s} {'floor':>7s} {'w12×':>5s} "
+             f"{'bf16×':>5s} ulp"]
     for name, s in out["shapes"].items():
         for m, c in s["cells"].items():
-            lines.append(f"{name:8s} {m:>3s} {c['cublas_us']:8.1f} {c['bf16_us']:8.1f} {c['w12_us']:8.1f} "
+            lines.append(f"{name:8s} {m:>3s} {c['cublas_us']:8.1f} {c['bf16_us']:8.1f} {c['w12_us']:8.1f} {c['quick_us']:8.1f} "
                          f"{s.get('floor_us', float('nan')):7.1f} {c['speedup']:5.2f} {c['bf16_over_cublas']:5.2f} "
                          f"{c['max_ulp']}")
     return "\n".join(lines)

@@ -106,6 +106,22 @@ def join(chain: list[int], sub: trees.Tree) -> trees.Tree:
     return trees.Tree(tuple(chain) + sub.tokens[1:], (-1, *range(last), *(p + last for p in sub.parents[1:])))
 
 
+@torch.no_grad()
+def tree_pass(model: Model, cache, tree: trees.Tree, feature_layers: tuple[int, ...] = ()):
+    """One pass of `model` over `tree` from the committed state of `cache` (an eager Cache), its rows
+    dropped after it (`cache.commit(0)`), so what is committed stays as it was: each node's argmax
+    and the features of `feature_layers` ([nodes, F] or None)."""
+    dev = model.lm_head_weight.device
+    try:
+        out = model(torch.tensor([tree.tokens], device=dev), cache,
+                    positions=cache.length + torch.tensor([tree.depths], device=dev),
+                    tree_mask=None if tree.is_chain() else tree.ancestor_mask(dev),
+                    feature_layers=feature_layers, greedy=True)
+    finally:
+        cache.commit(0)
+    return out.argmax[0].tolist(), None if out.features is None else out.features[0]
+
+
 class Cycle(NamedTuple):
     tree: trees.Tree  # what the exact pass verifies: C, then the subtree under its last node
     chain: int  # C's rows in it, the root included
@@ -122,20 +138,10 @@ class TwoLevel:
         self.nodes, self.q_depth = nodes, q_depth
         self.quick = quick_model(target, round_bf16)
 
-    @torch.no_grad()
     def quick_pass(self, cache, tree: trees.Tree, feature_layers: tuple[int, ...] = ()):
-        """The Q pass over `tree` from the committed state of `cache` (an eager Cache): each node's
-        argmax and the features of `feature_layers` ([nodes, F] or None). The pass's rows are
-        dropped after it (`cache.commit(0)`): what is committed stays as it was."""
-        dev = self.quick.lm_head_weight.device
-        try:
-            out = self.quick(torch.tensor([tree.tokens], device=dev), cache,
-                             positions=cache.length + torch.tensor([tree.depths], device=dev),
-                             tree_mask=None if tree.is_chain() else tree.ancestor_mask(dev),
-                             feature_layers=feature_layers, greedy=True)
-        finally:
-            cache.commit(0)
-        return out.argmax[0].tolist(), None if out.features is None else out.features[0]
+        """The Q pass over `tree` (`tree_pass` of the quick model): each node's argmax and the
+        features of `feature_layers` ([nodes, F] or None)."""
+        return tree_pass(self.quick, cache, tree, feature_layers)
 
     def tree(self, cache, root: int, lattice: Lattice, drafter: Drafter, draft_len: int, room: int,
              feature_layers: tuple[int, ...] = ()) -> Cycle:

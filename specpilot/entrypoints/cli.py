@@ -11,6 +11,8 @@ from pathlib import Path
 
 from specpilot.progress import progress_bar
 
+MODES = ("ar", "chain", "tree", "tlv")  # engine.engine.MODES, without loading torch for the parser
+
 
 MAX_DRAFT_LEN = 63  # a verify pass holds at most 64 rows, the root included (engine/decode.py MAX_TREE)
 
@@ -69,6 +71,10 @@ def check_engine_flags(args) -> None:
         args.tree = args.tree or "best-first:32"
         if args.profile and not args.tree.startswith("sequoia:"):
             raise ValueError(f"--profile is read only by sequoia:N trees (got --tree {args.tree})")
+    if args.mode != "tlv":
+        for flag, value in (("--tlv-nodes", args.tlv_nodes), ("--tlv-q-depth", args.tlv_q_depth)):
+            if value is not None:
+                raise ValueError(f"{flag} {value} applies only to --mode tlv (got --mode {args.mode})")
     if args.mode == "ar" and getattr(args, "record", None):
         raise ValueError("--record saves speculative target passes; --mode ar has none (use --mode chain or tree)")
     if not 1 <= args.draft_len <= MAX_DRAFT_LEN:
@@ -92,6 +98,20 @@ def check_engine_flags(args) -> None:
         from specpilot.engine.trees import parse_policy
 
         parse_policy(tree)
+
+
+def engine_config(args, **given):
+    """The EngineConfig of the engine flags (generate, serve engine), checked (check_engine_flags);
+    `given` names values the command chose itself."""
+    from specpilot.engine.engine import EngineConfig
+
+    check_engine_flags(args)
+    tlv = {k: v for k, v in (("tlv_nodes", args.tlv_nodes), ("tlv_q_depth", args.tlv_q_depth)) if v is not None}
+    fields = dict(target=args.target, drafter=args.drafter, mode=args.mode, tree=args.tree or "best-first:32",
+                  profile=args.profile, draft_len=args.draft_len, dtype=args.dtype, device=args.device,
+                  max_new_tokens=args.max_new_tokens, weights=args.weights, lm_head=args.lm_head,
+                  driver=args.driver, draft_lens=args.draft_lens, **tlv)
+    return EngineConfig(**{**fields, **given})
 
 
 def read_requests(path):
@@ -142,11 +162,19 @@ def read_generated(path, strict: bool = True) -> list[dict] | None:
     return rows
 
 
+def tlv_args(p) -> None:
+    p.add_argument("--tlv-nodes", type=int, metavar="N", help="tlv mode: nodes of the quick pass's tree and of each "
+                   "exact pass, the root aside, 1..63 (default 32)")
+    p.add_argument("--tlv-q-depth", type=int, metavar="D", help="tlv mode: depth of the quick pass's tree (default 8)")
+
+
 def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, metavar="DIR", help="target checkpoint folder (Hugging Face format)")
     p.add_argument("--drafter", metavar="DIR|ngram", help="drafter checkpoint folder, or 'ngram' (prompt lookup)")
-    p.add_argument("--mode", choices=("ar", "chain", "tree"), default="chain",
-                   help="ar: plain greedy; chain: stock speculative; tree: verify a draft tree (--tree)")
+    p.add_argument("--mode", choices=MODES, default="chain",
+                   help="ar: plain greedy; chain: stock speculative; tree: verify a draft tree (--tree); tlv: "
+                   "two-level verification (a quick pass on W12's 8-bit view picks the path one exact pass verifies)")
+    tlv_args(p)
     p.add_argument("--tree", default=None, metavar="POLICY",
                    help="tree mode only: best-first:N | topk:K:N | sequoia:N | shared:N:C (a batch shares N nodes a "
                    "request, at most C to one) | chain (default best-first:32)")
@@ -175,13 +203,9 @@ def cmd_generate(args) -> int:
 
     if bool(args.workload) == bool(args.prompt):
         raise ValueError("give exactly one of --workload FILE.jsonl or --prompt TEXT")
-    check_engine_flags(args)
+    cfg = engine_config(args)
     requests = read_requests(args.workload) if args.workload else [Request(id="prompt", prompt=args.prompt)]
-    engine = Engine(EngineConfig(target=args.target, drafter=args.drafter, mode=args.mode,
-                                 tree=args.tree or "best-first:32", profile=args.profile, draft_len=args.draft_len,
-                                 dtype=args.dtype, device=args.device, max_new_tokens=args.max_new_tokens,
-                                 weights=args.weights, lm_head=args.lm_head, driver=args.driver,
-                                 draft_lens=args.draft_lens))
+    engine = Engine(cfg)
     prompt_ids = [engine.encode(r) for r in requests]  # checks every request before any generation
     records = [] if args.record else None
     with progress_bar(len(requests), "generate", "req", disable=len(requests) < 2 or args.json) as bar:

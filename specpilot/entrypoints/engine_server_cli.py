@@ -9,6 +9,8 @@ import json
 import socket
 import sys
 
+from specpilot.entrypoints.cli import MODES, tlv_args
+
 DEFAULT_PORT = 8720
 DEFAULT_MAX_BATCH = 8  # where the engine batches (the static driver); else 1
 DEFAULT_MAX_NEW = 1024
@@ -17,7 +19,8 @@ ENGINE_FLAGS = (("target", "--target"), ("drafter", "--drafter"), ("mode", "--mo
                 ("profile", "--profile"), ("draft_len", "--draft-len"), ("force_drafter", "--force-drafter"),
                 ("dtype", "--dtype"), ("device", "--device"), ("max_new_tokens", "--max-new-tokens"),
                 ("max_batch", "--max-batch"), ("weights", "--weights"), ("lm_head", "--lm-head"),
-                ("driver", "--driver"), ("draft_lens", "--draft-lens"))
+                ("driver", "--driver"), ("draft_lens", "--draft-lens"),
+                ("tlv_nodes", "--tlv-nodes"), ("tlv_q_depth", "--tlv-q-depth"))
 OTHER_FLAGS = (("store", "--store"), ("repo", "--repo"), ("stock_rev", "--stock-rev"))
 
 
@@ -31,7 +34,8 @@ def register(subparsers) -> None:
                                  "and POST /v1/completions (OpenAI-compatible), greedy decoding")
     g.add_argument("--target", metavar="DIR", help="target checkpoint folder (Hugging Face format)")
     g.add_argument("--drafter", metavar="DIR|ngram", help="drafter checkpoint folder, or 'ngram'")
-    g.add_argument("--mode", choices=("ar", "chain", "tree"), help="default: chain with --drafter, else ar")
+    g.add_argument("--mode", choices=MODES, help="default: chain with --drafter, else ar")
+    tlv_args(g)
     g.add_argument("--tree", metavar="POLICY", help="tree mode: best-first:N | topk:K:N | sequoia:N | shared:N:C "
                    "| chain (default best-first:32)")
     g.add_argument("--profile", metavar="FILE", help="sequoia: acceptance profile from `specpilot replay "
@@ -63,8 +67,8 @@ def register(subparsers) -> None:
 
 
 def serve_engine(args) -> int:
-    from specpilot.entrypoints.cli import check_engine_flags
-    from specpilot.engine.engine import Engine, EngineConfig
+    from specpilot.entrypoints.cli import engine_config
+    from specpilot.engine.engine import Engine
 
     given = [flag for dest, flag in OTHER_FLAGS if getattr(args, dest, None) is not None]
     if given:
@@ -80,13 +84,9 @@ def serve_engine(args) -> int:
         raise ValueError(f"--port {port}: expected 0..65535 (0: any free port)")
     if args.max_batch is not None and args.max_batch < 1:
         raise ValueError(f"--max-batch {args.max_batch}: expected a positive integer")
-    check_engine_flags(args)
-    engine = Engine(EngineConfig(target=args.target, drafter=args.drafter if args.mode != "ar" else None,
-                                 mode=args.mode, tree=args.tree or "best-first:32", profile=args.profile,
-                                 draft_len=args.draft_len, dtype=args.dtype, device=args.device,
-                                 max_new_tokens=args.max_new_tokens, weights=args.weights or "bf16",
-                                 lm_head=args.lm_head or "bf16", driver=args.driver or "auto",
-                                 draft_lens=args.draft_lens))
+    engine = Engine(engine_config(args, drafter=args.drafter if args.mode != "ar" else None,
+                                  weights=args.weights or "bf16", lm_head=args.lm_head or "bf16",
+                                  driver=args.driver or "auto"))
 
     import uvicorn
 

@@ -72,3 +72,19 @@ def test_a_captured_graph_gives_what_eager_calls_give():
     torch.cuda.synchronize()
     assert torch.equal(o12.view(torch.int16), e12.view(torch.int16))
     assert torch.equal(o16.view(torch.int16), e16.view(torch.int16))
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_the_view_only_kernel_matches_its_reference_and_repeats(name):
+    """w12_linear(quick=True), two-level verification's Q pass: x @ format.quick(w)ᵀ (low bits at their
+    midpoint, escapes exact) within one bf16 ulp at 1, 16 and 64 rows, the same from run to run."""
+    k, n = SHAPES[name]
+    w = weight(k, n, seed=2)
+    p = w12f.pack(w)
+    view = w12f.quick(p).float()
+    for m in (1, 16, 64):
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        ref = (x.float() @ view.T).bfloat16()
+        out = w12_linear(x, p, quick=True)
+        assert torch.equal(out.view(torch.int16), w12_linear(x, p, quick=True).view(torch.int16)), f"M={m}: runs differ"
+        assert ulps(out, ref, scale_floor(ref)) <= 1, (name, m)

@@ -161,3 +161,25 @@ def test_pair_rejects_a_bad_system_config(ckpt, tmp_path, capsys):
                  str(ckpt / "w.jsonl")]) == 2
     err = capsys.readouterr().err
     assert "c.json" in err and "not a system config" in err
+
+
+def test_generate_runs_two_level_verification(tmp_path, capsys):
+    """--mode tlv on a bf16-valued target (the quick pass reads its W12 view) is AR's output in float64,
+    and its flags are refused outside tlv mode."""
+    import torch
+
+    cfg = tiny_config("qwen3", vocab=97)
+    save_model(random_model(cfg, seed=4).to(torch.bfloat16), tmp_path / "target")
+    save_drafter(random_drafter_net("block", cfg, seed=5), tmp_path / "drafter")
+    common = ["generate", "--target", str(tmp_path / "target"), "--workload", str(tmp_path / "w.jsonl"),
+              "--dtype", "float64", "--max-new-tokens", "24"]
+    (tmp_path / "w.jsonl").write_text(json.dumps({"id": "a", "prompt_ids": [3, 1, 4, 1, 5, 9, 2, 6]}) + "\n")
+    ar = run_json(capsys, *common, "--mode", "ar")
+    tlv = run_json(capsys, *common, "--mode", "tlv", "--drafter", str(tmp_path / "drafter"), "--tlv-nodes", "6",
+                   "--tlv-q-depth", "3", "--draft-len", "4")
+    assert tlv["outputs"][0]["tokens"] == ar["outputs"][0]["tokens"]
+    assert tlv["config"]["mode"] == "tlv" and (tlv["config"]["tlv_nodes"], tlv["config"]["tlv_q_depth"]) == (6, 3)
+    assert main([*common, "--mode", "tree", "--drafter", str(tmp_path / "drafter"), "--tlv-nodes", "6", "--json"]) == 2
+    assert "--tlv-nodes 6 applies only to --mode tlv" in json.loads(capsys.readouterr().out)["error"]
+    assert main([*common, "--mode", "tlv", "--drafter", str(tmp_path / "drafter"), "--tlv-nodes", "99", "--json"]) == 2
+    assert "tlv_nodes 99" in json.loads(capsys.readouterr().out)["error"]
