@@ -148,12 +148,15 @@ def merge(folder: Path) -> dict:
     if "best_first" in tau:
         out["tau_best_first"] = tau["best_first"]["tau_per_exact_pass"]
         out["tau_tlv"] = tau["tlv"]["tau_per_exact_pass"]
-    cell = qp.get("cells", {}).get(str(tau.get("nodes", 32)))
+    cells = qp.get("cells", {})  # the tree size measured nearest TLV's node budget
+    cell = cells[min(cells, key=lambda n: abs(int(n) - tau.get("nodes", 32)))] if cells else None
     if cell:
         out["q_over_exact_bf16"] = cell["q_over_exact_bf16"]
         out["q_over_exact_w12"] = cell["q_over_exact_w12"]
-    if cell and "best_first" in tau:  # T_step = draft + exact pass; T_cycle = two drafts + Q + exact (glue apart)
-        t_draft, t_exact = tau["best_first"]["draft_s_per_pass"], cell["exact_bf16_ms"] / 1e3
+    if cell and "tlv" in tau:  # T_step = draft + exact pass; T_cycle = two drafts + Q + exact (glue apart)
+        # one draft's time: half of what TLV's two drafts took per exact pass (the static driver does not
+        # time its drafts apart)
+        t_draft, t_exact = tau["tlv"]["draft_s_per_pass"] / 2, cell["exact_bf16_ms"] / 1e3
         t_cycle = tlv_cycle(t_draft, cell["quick_ms"] / 1e3, t_exact)
         out["projected_tlv_over_best_first_8b"] = out["tau_tlv"] / out["tau_best_first"] * (t_draft + t_exact) / t_cycle
         out["projection_inputs"] = {"t_draft_s": t_draft, "t_exact_s": t_exact, "t_cycle_s": t_cycle}

@@ -194,8 +194,8 @@ MUTATIONS = [
         "(f) two-level verification: the Q pass's rows are not dropped (a hybrid's exact chain pass commits "
         "the Q pass's tree state)",
         "engine/tlv.py",
-        "        finally:\n            cache.commit(0)",
-        "        finally:\n            pass",
+        "    finally:\n        cache.commit(0)",
+        "    finally:\n        pass",
         tuple(TLV)),
     Mutation(
         "stats-population-sd",
