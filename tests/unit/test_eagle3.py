@@ -114,10 +114,9 @@ def test_export_then_load_gives_the_same_lattices_on_both_drivers(layout, varian
                 continue
             m = b.lattice.positions
             assert torch.equal(a.lattice.tokens[:m], b.lattice.tokens), (who, driver)
-            if driver == "eager":  # the same computation: bit for bit
-                assert torch.equal(a.lattice.logp, b.lattice.logp)
-            else:
-                torch.testing.assert_close(a.lattice.logp[:m], b.lattice.logp, rtol=1e-12, atol=1e-12)
+            # the same computation, though a loaded copy's tensors may take other SIMD paths (their
+            # alignment): float64 agrees to its last few bits
+            torch.testing.assert_close(a.lattice.logp[:m], b.lattice.logp, rtol=1e-12, atol=1e-12)
             assert sorted(a.tree_tokens) == sorted(b.tree_tokens)
 
 
@@ -556,7 +555,8 @@ def test_the_zoo_trains_an_eagle3_drafter_whose_training_rows_equal_inference(tm
     back = load_drafter(str(tmp_path / "e3"), F64, "cpu", tgt)
     assert back.target_layers == layers
     lat2 = primed(back, seq).propose(steps)
-    assert torch.equal(lat2.tokens, lat.tokens) and torch.equal(lat2.logp, lat.logp)
+    assert torch.equal(lat2.tokens, lat.tokens)
+    torch.testing.assert_close(lat2.logp, lat.logp, rtol=1e-12, atol=1e-12)  # a loaded copy: last bits may differ
 
 
 def test_llama3_rope_scaling_reaches_the_drafters_rotary_frequencies(tmp_path):
