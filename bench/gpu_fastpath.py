@@ -62,6 +62,28 @@ def header() -> dict:
             "compile": os.environ.get("SPECPILOT_COMPILE", "1") != "0", "clocks": clocks()}
 
 
+def run_parts(parts: dict, names: list[str], args, out_dir, shown) -> None:
+    """Each named part (`parts[name](args)` → dict) in turn, its result with the header, its seconds
+    (or its one-line error: the others still run) written to out_dir/NAME.json as it finishes, the
+    `shown` figures printed."""
+    import gc
+
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    for part in names:
+        t = time.perf_counter()
+        try:
+            res = header() | {"part": part} | parts[part](args)
+        except Exception as e:  # noqa: BLE001 — one failing part is reported; the others still run
+            res = header() | {"part": part, "error": f"{type(e).__name__}: {str(e)[:500]}"}
+        res["seconds"] = time.perf_counter() - t
+        gc.collect()  # a target and its captured decoders hold each other: free them before the next part
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        Path(out_dir, f"{part}.json").write_text(json.dumps(res, indent=1))
+        print(f"{part}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items()
+                                      if k in shown or k in ("error", "seconds")), flush=True)
+
+
 def clocks() -> dict:
     """SM and memory clocks as nvidia-smi reads them now (left as they are)."""
     try:

@@ -27,13 +27,12 @@ import json
 import random
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_fastpath import LLAMA_8B, forcing, header, random_model, requests  # noqa: E402
+from gpu_fastpath import LLAMA_8B, forcing, random_model, requests, run_parts  # noqa: E402
 
 from specpilot.engine import trees  # noqa: E402
 from specpilot.engine.config import ModelConfig  # noqa: E402
@@ -190,21 +189,7 @@ def main() -> int:
     if unknown:
         print(f"bench/tlv.py: unknown part {unknown}", file=sys.stderr)
         return 2
-    Path(args.out_dir).mkdir(parents=True, exist_ok=True)
-    for part in args.parts:
-        t = time.perf_counter()
-        try:
-            res = header() | {"part": part} | PARTS[part](args)
-        except Exception as e:  # noqa: BLE001 — one failing part is reported; the others still run
-            res = header() | {"part": part, "error": f"{type(e).__name__}: {str(e)[:500]}"}
-        res["seconds"] = time.perf_counter() - t
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        Path(args.out_dir, f"{part}.json").write_text(json.dumps(res, indent=1))
-        print(f"{part}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items()
-                                      if k in ("tau_ratio", "q_agreement", "forcing_passed", "error", "seconds")),
-              flush=True)
+    run_parts(PARTS, args.parts, args, args.out_dir, ("tau_ratio", "q_agreement", "forcing_passed"))
     return 0
 
 

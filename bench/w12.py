@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import statistics
 import sys
@@ -29,7 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_fastpath import LLAMA_8B, eight_b, forcing, header, requests  # noqa: E402
+from gpu_fastpath import LLAMA_8B, eight_b, forcing, requests, run_parts  # noqa: E402
 
 from specpilot.engine.decode import generate  # noqa: E402
 from specpilot.engine.weights import apply  # noqa: E402
@@ -205,19 +204,7 @@ def main() -> int:
     if unknown or not torch.cuda.is_available():
         print(f"bench/w12.py: {'unknown part ' + str(unknown) if unknown else 'needs a CUDA GPU'}", file=sys.stderr)
         return 2
-    Path(args.out_dir).mkdir(parents=True, exist_ok=True)
-    for part in args.parts:
-        t = time.perf_counter()
-        try:
-            res = header() | {"part": part} | PARTS[part](args)
-        except Exception as e:  # noqa: BLE001 — one failing part is reported; the others still run
-            res = header() | {"part": part, "error": f"{type(e).__name__}: {str(e)[:500]}"}
-        res["seconds"] = time.perf_counter() - t
-        gc.collect()  # a target and its captured decoders hold each other: free them before the next part
-        torch.cuda.empty_cache()
-        Path(args.out_dir, f"{part}.json").write_text(json.dumps(res, indent=1))
-        print(f"{part}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items()
-                                      if k in FIGURES or k in ("error", "seconds")), flush=True)
+    run_parts(PARTS, args.parts, args, args.out_dir, FIGURES)
     return 0
 
 

@@ -40,9 +40,10 @@ per exact pass, for a second draft and a Q pass a cycle. No replay predicts it; 
 outlook (`costmodel.tlv_outlook`, from the incumbent's profile by kernel class) prunes it, with
 the reason, unless a cycle that doubled τ per exact pass would gain `TLV_MIN_GAIN` — that is,
 unless the Q pass is cheap relative to the exact pass. The engine's Q pass runs the view-only W12
-GEMM (8 bits a weight), whose speed is not measured yet, so by default (`quick_bits` None) the
-outlook prices it at the target's width, as dear as the exact pass, and refuses it; `quick_bits=8`
-prices the 8 bits.
+GEMM (8 bits a weight): faster than the full one in CUDA graphs, but the Q pass TLV runs today is
+eager and took ×1.70 the exact pass at the 8B shape (BENCHMARKS.md), so by default (`quick_bits`
+None) the outlook prices it at the target's width, as dear as the exact pass, and refuses it;
+`quick_bits=8` prices the 8 bits.
 
 The batch's row selection (a shared node budget, `shared:N:C`; per-request draft lengths,
 `draft_lens`) acts only where requests share a step: its variants are skipped at batch 1 (the
@@ -124,7 +125,7 @@ class SearchAgent:
 
     def __init__(self, max_candidates: int = 3, margin: float = 0.97, quick_bits: int | None = None):
         # quick_bits: the bits a weight the Q pass of two-level verification reads; None: priced at
-        # the target's width (the view-only GEMM's 8 bits are unmeasured on a GPU)
+        # the target's width (the eager Q pass is not yet cheaper than the exact pass)
         self.max_candidates, self.margin, self.quick_bits = max_candidates, margin, quick_bits
         self.last_log: dict = {}
 
