@@ -38,6 +38,20 @@ SMALL_DENSE = dict(family="llama", vocab_size=16384, hidden_size=512, intermedia
                    rms_norm_eps=1e-5, eos_token_id=[16383])
 
 
+def breakdown(res, wall: float) -> dict:
+    """Where a run's wall time went: the prefill passes (each counted once, however many requests
+    it admitted), the decode steps (each step's wall, replay to read, counted once however many
+    lanes shared it) and the rest (the host's bookkeeping between steps)."""
+    steps = [s for r in res for s in r.steps]
+    n = sum(1 / max(1, s.lanes) for s in steps)
+    step_s = sum(s.t_verify / max(1, s.lanes) for s in steps)
+    prefill = sum(r.prefill_s / r.prefill_with for r in res)
+    walls = sorted(s.t_verify for s in steps)
+    return {"steps": round(n), "prefill_s": round(prefill, 4), "step_s": round(step_s, 4),
+            "other_s": round(wall - prefill - step_s, 4),
+            "step_ms_median": round(1e3 * walls[len(walls) // 2], 4) if walls else None}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -84,7 +98,8 @@ def main(argv=None) -> int:
                        "tau_mean": round(sum(r.tau_mean for r in res) / len(res), 3),
                        "verified_rows_per_step": round(sum(s.rows for r in res for s in r.steps) /
                                                        max(1, sum(len(r.steps) for r in res)), 2),
-                       "equal_to_batch_1": None if ref is None else sum(x == y for x, y in zip(toks, ref))}
+                       "equal_to_batch_1": None if ref is None else sum(x == y for x, y in zip(toks, ref)),
+                       **breakdown(res, wall)}
                 out["runs"].append(row)
                 print(json.dumps(row), flush=True)
                 Path(a.out).write_text(json.dumps(out, indent=1) + "\n")

@@ -61,7 +61,8 @@ class Step:
 class Result:
     tokens: list[int]
     steps: list[Step] = field(default_factory=list)
-    prefill_s: float = 0.0
+    prefill_s: float = 0.0  # the prefill pass this request waited for
+    prefill_with: int = 1  # requests that pass prefilled (a batch admits several in one pass)
     decode_s: float = 0.0
     driver: str = "eager"  # the driver that decoded it: eager | static
 

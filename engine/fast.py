@@ -7,7 +7,10 @@ here; the n-gram drafter and other host drafters fill the lattice buffers before
 policy's tree with a static node budget (treeops) → one target pass over its rows (StaticCache
 plans slots, positions and the ancestor mask) → greedy acceptance → K/V compaction and recurrent
 state commit → the drafter reads the accepted rows → [τ, valid rows, usable positions, path
-tokens, bonus] into one buffer. Prefill runs eagerly (its length varies). `decode.generate` takes
+tokens, bonus] into one buffer. A prefill pads its prompts to a power-of-two bucket and runs as
+one pass for every prompt that finds a free lane at once (`_admit`; on CUDA one captured graph
+per bucket and prompt count, any lanes: the padding rows write K/V past the real ones and leave
+recurrent state alone, StaticCache `valid`). `decode.generate` takes
 this path (driver "auto") whenever the target is on a CUDA device and `unsupported` names nothing;
 on the CPU the eager driver (decode.py) runs unless driver "static" is asked for, and tests run
 this one eagerly there (no graphs, no compile), in float64, against it.
@@ -79,33 +82,37 @@ class _FeatureDraft:
                           rope_tables(self.net.inv_freq, pos, x.dtype))
         return h  # pre-norm hidden [lanes, n, H]
 
-    def _read(self, nxt, feats, lane: int | None = None):
-        """Context rows for the next committed positions of every lane (or of `lane`): their next
-        tokens [B, n] and target features [B, n, F]."""
+    def _read(self, nxt, feats, lane: torch.Tensor | None = None, valid: torch.Tensor | None = None):
+        """Context rows for the next committed positions of every lane (or of the lanes `lane`, with
+        `valid` real rows each): their next tokens [B, n] and target features [B, n, F]."""
         n = nxt.shape[1]
-        self.cache.plan(n, commit_all=True, lane=lane)
+        self.cache.plan(n, commit_all=True, lane=lane, valid=valid)
         h = self._layers(self.net.rows(nxt, self.net.fc_feat(feats.to(self.head.dtype)), self.emb))
-        if self.copy:
-            sel = slice(None) if lane is None else slice(lane, lane + 1)
-            at = self.cache.lengths[sel, None] + torch.arange(n, device=h.device)  # [B, n]
-            keys = self.net.copy_key(h)
-            self.keys[sel].scatter_(1, at[..., None].expand(-1, -1, keys.shape[-1]), keys)
-            self.tokens[sel].scatter_(1, at + 1, nxt)
+        if self.copy:  # padding rows write past the real ones: read only below the committed length
+            ids = self.cache.ctx.batch  # [B, 1]
+            at = self.cache.lengths[ids] + torch.arange(n, device=h.device)  # [B, n]
+            self.keys[ids, at] = self.net.copy_key(h)
+            self.tokens[ids, at + 1] = nxt
         return h
 
-    def _keep(self, last, lane: int | None = None):
-        """The last context row [B, H] of every lane (or of `lane`) and its next logits."""
-        sel = slice(None) if lane is None else slice(lane, lane + 1)
-        self.hidden[sel] = last[:, None]
-        self.logits[sel] = self.net.logits(last, self.head)
+    def _keep(self, last, lane: torch.Tensor | None = None):
+        """The last context row [B, H] of every lane (or of the lanes `lane`) and its next logits."""
+        for buf, val in ((self.hidden, last[:, None]), (self.logits, self.net.logits(last, self.head))):
+            buf.copy_(val) if lane is None else buf.index_copy_(0, lane, val)
 
-    def prefill(self, prompt_ids, first, feats, lane: int = 0):
+    def prefill(self, prompt_ids, first, feats, lane: torch.Tensor, valid: torch.Tensor):
+        """The context of prompts prefilled into the lanes `lane` [A]: prompt_ids [A, n] (the first
+        `valid` [A] of each real, the rest padding), the target's first tokens [A] and features
+        [A, n, F]."""
         self.cache.reset(lane)
-        nxt = torch.cat((prompt_ids[1:], first.view(1)))
+        n = prompt_ids.shape[1]
+        last = (valid - 1)[:, None]
+        nxt = torch.where(torch.arange(n, device=first.device) == last, first[:, None], prompt_ids.roll(-1, 1))
         if self.copy:
-            self.tokens[lane, 0] = prompt_ids[0]
-        self._keep(self._read(nxt[None], feats[None], lane)[:, -1], lane)
-        self.cache.lengths[lane] = len(nxt)
+            self.tokens[lane, :1] = prompt_ids[:, :1]
+        h = self._read(nxt, feats, lane, valid)
+        self._keep(h.gather(1, last[..., None].expand(-1, 1, h.shape[-1]))[:, 0], lane)
+        self.cache.lengths.index_copy_(0, lane, valid)
 
     def observe(self, path_tokens, nxt, feats, tau):
         """Every lane's accepted path: next tokens [B, D], features [B, D, F], τ [B] (0: idle)."""
@@ -153,11 +160,11 @@ class _DraftLMDraft:
         self.model, self.m = d.model.fuse(), m
         self.cache = self.model.static_cache(max_len, lanes)
 
-    def prefill(self, prompt_ids, first, feats, lane: int = 0):
+    def prefill(self, prompt_ids, first, feats, lane: torch.Tensor, valid: torch.Tensor):
         self.cache.reset(lane)
-        self.cache.plan(len(prompt_ids), commit_all=True, lane=lane)
-        self.model(prompt_ids[None], self.cache, logits=False)
-        self.cache.lengths[lane] = len(prompt_ids)
+        self.cache.plan(prompt_ids.shape[1], commit_all=True, lane=lane, valid=valid)
+        self.model(prompt_ids, self.cache, logits=False)
+        self.cache.lengths.index_copy_(0, lane, valid)
 
     def observe(self, path_tokens, nxt, feats, tau):
         self.cache.plan(path_tokens.shape[1], commit_all=True)
@@ -214,6 +221,15 @@ def size_for(spec: treeops.TreeSpec, need: int, base: int = 1024) -> int:
     while capacity(spec, size) < need:
         size *= 2
     return size
+
+
+ADMIT_ROWS = 4096  # rows of one prefill pass admitting several prompts (its attention scores grow with them)
+
+
+def bucket(n: int, max_len: int, least: int = 16) -> int:
+    """The rows a prefill of n tokens runs: the next power of two from `least`, at most max_len
+    (one captured graph per bucket, so few of them)."""
+    return min(max(least, 1 << (n - 1).bit_length()), max_len)
 
 
 def on_device(dev: torch.device):
@@ -277,6 +293,12 @@ class FastDecoder:
         self.out = torch.zeros(lanes, 4 + self.path_len, dtype=torch.long, device=dev)
         self.rec = None  # (tree rows, argmax) of the last step, for records
         self.staging = None  # pinned host copies of the lattice buffers (host drafters)
+        # a prefill of A prompts: its inputs [A lanes, A real lengths, A × n tokens (the prompts
+        # padded to their bucket n)] and first tokens [A]; on CUDA one captured graph per (n, A)
+        self.admit_in = torch.zeros(lanes * (2 + max_len), dtype=torch.long, device=dev)
+        self.admit_first = torch.zeros(lanes, dtype=torch.long, device=dev)
+        self.admit_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.admit_pool = torch.cuda.graph_pool_handle() if self.graphs else None
         if self.graphs:  # two pinned output buffers: a step's result is read while the next one runs
             self.host_out = [torch.empty_like(self.out, device="cpu").pin_memory() for _ in range(2)]
             self.events = [torch.cuda.Event() for _ in range(2)]
@@ -343,7 +365,7 @@ class FastDecoder:
 
     @torch.no_grad()
     def _capture(self):
-        self._prefill([0])
+        self._prefill([[0]], [0])
         side = torch.cuda.Stream(self.dev)
         side.wait_stream(torch.cuda.current_stream(self.dev))
         with torch.cuda.stream(side), torch.no_grad():
@@ -356,7 +378,7 @@ class FastDecoder:
                 warnings.warn(f"torch.compile failed for this step ({type(e).__name__}: {first[:200]}); "
                               "the step runs uncompiled in its CUDA graph", RuntimeWarning, stacklevel=2)
                 self.compile, self.fn = False, self._step
-                self._prefill([0])
+                self._prefill([[0]], [0])
             for _ in range(2):  # warms up kernels and the allocator
                 self.fn()
         torch.cuda.current_stream(self.dev).wait_stream(side)
@@ -365,23 +387,47 @@ class FastDecoder:
             self.fn()
         self.active.zero_()
 
-    # ---- the host side ------------------------------------------------------------------------
-    def _prefill(self, prompt: list[int], lane: int = 0) -> torch.Tensor:
-        """The prompt into one lane (the others untouched); the lane becomes active."""
-        ids = torch.tensor(prompt)
-        ids = ids.pin_memory().to(self.dev, non_blocking=True) if self.dev.type == "cuda" else ids
+    def _admit(self, n: int, A: int) -> None:
+        """The prefill of `admit_in`'s A prompts (padded to n rows) into their lanes, the other
+        lanes untouched; the lanes become active and `admit_first[:A]` holds their first tokens.
+        Idempotent (the lanes are emptied first), so a graph's capture can follow its warm-up run."""
+        lane, valid, ids = self.admit_in[:A], self.admit_in[A : 2 * A], self.admit_in[2 * A : 2 * A + A * n].view(A, n)
         self.cache.reset(lane)
-        self.cache.plan(len(prompt), commit_all=True, lane=lane)
-        out = self.target(ids[None], self.cache, feature_layers=self.layers, logits="last", greedy=self.bias is None)
-        self.cache.lengths[lane] = len(prompt)
-        first = out.argmax[0, -1:] if self.bias is None else (out.logits[0, -1] + self.bias).argmax().view(1)
-        self.root[lane : lane + 1] = first
-        self.active[lane] = 1
+        self.cache.plan(n, commit_all=True, lane=lane, valid=valid)
+        out = self.target(ids, self.cache, feature_layers=self.layers, logits="last", greedy=self.bias is None)
+        self.cache.lengths.index_copy_(0, lane, valid)
+        first = out.argmax[:, -1] if self.bias is None else (out.logits[:, -1] + self.bias).argmax(-1)  # [A]
+        self.admit_first[:A].copy_(first)
+        self.root.index_copy_(0, lane, first)
+        self.active.index_fill_(0, lane, 1)
         if self.options is not None:
-            self.recent[lane] = draft_lengths.start(self.options)
+            self.recent.index_copy_(0, lane, draft_lengths.start(self.options).expand(A))
         if self.device_draft is not None:
-            self.device_draft.prefill(ids, first, out.features[0] if out.features is not None else None, lane)
-        return first
+            self.device_draft.prefill(ids, first, out.features, lane, valid)
+
+    # ---- the host side ------------------------------------------------------------------------
+    def _prefill(self, prompts: list[list[int]], lanes: list[int]) -> torch.Tensor:
+        """Prompts into their lanes (the other lanes untouched) in one pass, each padded to the
+        bucket of the longest; on CUDA the (bucket, count) graph replays, captured on its first use.
+        Returns their first tokens [A], on the device."""
+        A, n = len(prompts), bucket(max(map(len, prompts)), self.cache.max_len)
+        rows = [p + [0] * (n - len(p)) for p in prompts]
+        self.admit_in[: A * (2 + n)].copy_(torch.tensor([*lanes, *map(len, prompts), *(t for r in rows for t in r)]))
+        if not self.graphs:
+            self._admit(n, A)
+        elif (n, A) in self.admit_graphs:
+            self.admit_graphs[n, A].replay()
+        else:
+            side = torch.cuda.Stream(self.dev)
+            side.wait_stream(torch.cuda.current_stream(self.dev))
+            with torch.cuda.stream(side):
+                self._admit(n, A)  # warms up (and prefills)
+            torch.cuda.current_stream(self.dev).wait_stream(side)
+            graph = self.admit_graphs[n, A] = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.admit_pool):
+                self._admit(n, A)
+            graph.replay()
+        return self.admit_first[:A]
 
     def _load(self, lat: Lattice, lane: int = 0) -> None:
         """A host drafter's lattice into lane `lane` of the (padded) pinned staging buffers;
@@ -429,7 +475,7 @@ class FastDecoder:
             return res
         eos = set(self.target.cfg.eos_token_id) if eos is None else eos
         t0 = clock(self.dev)  # the device's earlier work is not this request's
-        newest = int(self._prefill(prompt))  # the prefill's one read (and the clocks need no other sync)
+        newest = int(self._prefill([prompt], [0])[0])  # the prefill's one read (and the clocks need no other sync)
         if self.host is not None:
             self.host.reset(len(prompt) + max_new_tokens + self.spec.rows + 1)
             self.host.observe(list(prompt), list(prompt[1:]) + [newest], None)
@@ -497,14 +543,21 @@ class FastDecoder:
             if progress is not None:
                 progress(1)
 
-        def admit() -> None:
-            for lane in range(self.lanes):
-                while held[lane] is None and waiting:
-                    i = waiting.pop()
-                    t0 = clock(self.dev)
-                    newest = int(self._prefill(prompts[i], lane))
-                    started[i] = time.perf_counter()
-                    results[i].prefill_s = started[i] - t0
+        def admit() -> None:  # waiting prompts into free lanes, a pass per group of ≤ ADMIT_ROWS rows
+            while waiting and None in held:
+                group: list[tuple[int, int]] = []  # (lane, request)
+                for lane in (x for x, i in enumerate(held) if i is None):
+                    widest = max(len(prompts[i]) for i in [waiting[-1], *(i for _, i in group)])
+                    if group and (len(group) + 1) * bucket(widest, self.cache.max_len) > ADMIT_ROWS:
+                        break
+                    group.append((lane, waiting.pop()))
+                    if not waiting:
+                        break
+                t0 = clock(self.dev)
+                firsts = self._prefill([prompts[i] for _, i in group], [x for x, _ in group]).tolist()  # one read
+                t1 = time.perf_counter()
+                for (lane, i), newest in zip(group, firsts):
+                    started[i], results[i].prefill_s, results[i].prefill_with = t1, t1 - t0, len(group)
                     held[lane] = i
                     if emit(results[i].tokens, [newest], eos, limits[i]):
                         finish(lane, i)

@@ -167,10 +167,10 @@ class Attention(nn.Module):
 
         if isinstance(cache, StaticCache):  # fixed shapes: the whole buffer, slots and mask planned
             ctx = cache.ctx  # rows [lanes, n]: each lane's rows go to its own slots
-            kb, vb = cache.view(cache.k[self.layer]), cache.view(cache.v[self.layer])
+            kb, vb = cache.k[self.layer], cache.v[self.layer]
             kb[ctx.batch, :, ctx.slots] = k.transpose(1, 2)
             vb[ctx.batch, :, ctx.slots] = v.transpose(1, 2)
-            o = attend(q, kb, vb, ctx.window_mask if self.window else ctx.mask)
+            o = attend(q, cache.view(kb), cache.view(vb), ctx.window_mask if self.window else ctx.mask)
         elif tree_mask is None and cache is None and not self.window:  # plain causal rows (training):
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # no mask to read
         else:  # new rows see each other by tree_mask (causal by default), and every committed slot
@@ -299,7 +299,9 @@ class GatedDeltaNet(nn.Module):
     def forward_static(self, x, cache: StaticCache, layer: int):
         """The rows [lanes, n] of a planned static pass: a tree (or chain) per lane from its
         committed state in tree form, stashing what `StaticCache.commit` needs; a `commit_all`
-        chain (prefill) in chunked form, updating the state in place. No state is kept per row."""
+        chain (prefill) in chunked form, updating the state in place; its padding rows (past
+        `ctx.valid`) get no key, β or decay, so the state leaves them as the real rows left it. No
+        state is kept per row."""
         ctx, (B, n) = cache.ctx, x.shape[:2]
         q, k, v, z, b, a = self.split(x)
         mixed = torch.cat((q.reshape(B, n, -1), k.reshape(B, n, -1), v.reshape(B, n, -1)), dim=-1)  # pre-conv
@@ -307,9 +309,15 @@ class GatedDeltaNet(nn.Module):
         rows = torch.cat((conv0, mixed), 1)  # [B, K-1+n, C]
         if ctx.commit_all:
             q, k, v, g, beta = self.rule_inputs(self.conv(rows), b, a)
+            if ctx.valid is not None:
+                real = (torch.arange(n, device=x.device) < ctx.valid[:, None])[..., None]  # [B, n, 1]
+                k, g, beta = k * real[..., None], g * real, beta * real
+                # the conv's state: the K-1 pre-conv rows ending at the last real row
+                last = ctx.valid[:, None] + torch.arange(conv0.shape[1], device=x.device)  # [B, K-1]
             out, h = chunked_gated_delta_rule(q, k, v, g, beta, h0)
-            h0.copy_(h)
-            conv0.copy_(rows[:, n:])
+            cache.put(cache.h[layer], h)
+            cache.put(cache.conv[layer], rows[:, n:] if ctx.valid is None else
+                      rows.gather(1, last[..., None].expand(-1, -1, rows.shape[-1])))
         else:
             K, C = conv0.shape[1] + 1, rows.shape[-1]
             rows = rows.gather(1, ctx.conv_idx.flatten(1)[..., None].expand(-1, -1, C)).view(B, K, n, C)
@@ -467,8 +475,9 @@ class Model(nn.Module):
         x, features = run_layers(self.cfg, layers or self.model.layers, self.model.embed_tokens(tokens), cache, start, positions,
                                  tree_mask, rope_tables(self.inv_freq, positions, self.dtype), feature_layers,
                                  commit_all)
-        if logits == "last":
-            x = x[:, -1:]
+        if logits == "last":  # a padded static pass: its last real row
+            valid = cache.ctx.valid if isinstance(cache, StaticCache) else None
+            x = x[:, -1:] if valid is None else x.gather(1, (valid - 1)[:, None, None].expand(-1, 1, x.shape[-1]))
         if not logits:
             return Output(None, features)
         h = self.model.norm(x)

@@ -75,12 +75,13 @@ class TreeRows(NamedTuple):
 
 
 def scores(tokens: torch.Tensor, logp: torch.Tensor, trans: torch.Tensor | None):
-    """trees.py's normalized scores in float64, missing candidates (token < 0) at -inf."""
+    """trees.py's normalized scores in float64, missing candidates (token < 0) at -inf; lattices
+    [m, k] or [B, m, k] (trans [..., m-1, k, k])."""
     miss = tokens < 0  # (a position with no candidate at all normalizes to NaN: masked again after)
     node = torch.log_softmax(logp.double().masked_fill(miss, NEG), dim=-1).masked_fill(miss, NEG)
     if trans is None:
         return node, None
-    cmiss = miss[1:, None, :].expand_as(trans)
+    cmiss = miss[..., 1:, None, :].expand_as(trans)
     tr = torch.log_softmax(trans.double().masked_fill(cmiss, NEG), dim=-1).masked_fill(cmiss, NEG)
     return node, tr
 
@@ -95,28 +96,36 @@ def build(spec: TreeSpec, root: torch.Tensor, tokens: torch.Tensor, logp: torch.
           trans: torch.Tensor | None = None, tables: tuple[torch.Tensor, ...] | None = None) -> TreeRows:
     """The spec's tree over a lattice (tokens, logp [m, k], trans [m-1, k, k] or None); root: [1];
     tables: `sequoia_tables(spec)` for Sequoia specs."""
-    if spec.kind == "chain":
-        return _chain(spec, root, tokens, trans)
+    if spec.kind in LANES:
+        rows = build_lanes(spec, root.view(1), tokens[None], logp[None], None if trans is None else trans[None])
+        return TreeRows(*(f[0] for f in rows))
     if spec.kind == "sequoia":
         return _sequoia(spec, root, tokens, tables or sequoia_tables(spec, tokens.device))
-    node, tr = scores(tokens, logp, trans)
-    return (_best_first if spec.kind == "best-first" else _topk)(spec, root, tokens, node, tr)
+    return _topk(spec, root, tokens, *scores(tokens, logp, trans))
+
+
+LANES = ("chain", "best-first")  # kinds whose every lane's tree is built in the same kernels
 
 
 def build_lanes(spec: TreeSpec, roots: torch.Tensor, tokens: torch.Tensor, logp: torch.Tensor,
                 trans: torch.Tensor | None = None, tables: tuple[torch.Tensor, ...] | None = None) -> TreeRows:
     """`build` for a tree per lane: roots [B], lattices [B, m, k] (trans [B, m-1, k, k] or None);
-    fields [B, R]. A chain is built for every lane in the same kernels (`_chain_lanes`); the other
-    kinds lane by lane."""
+    fields [B, R]. Chains and best-first trees are built for every lane in the same kernels; the
+    other kinds lane by lane."""
     if spec.kind == "chain":
-        return _chain_lanes(spec, roots, tokens, trans)
+        return _chain(spec, roots, tokens, trans)
+    if spec.kind == "best-first":
+        pool = _pool(spec.nodes, spec.max_depth, tokens, *scores(tokens, logp, trans))
+        _, sel = (pool[0] - EPS * pool[3]).topk(spec.nodes, dim=-1)
+        return _pick(roots, tokens, pool, sel, torch.ones_like(sel, dtype=torch.bool))
     rows = [build(spec, roots[b : b + 1], tokens[b], logp[b], None if trans is None else trans[b], tables)
             for b in range(tokens.shape[0])]
     return TreeRows(*(torch.stack(f) for f in zip(*rows)))
 
 
-def _chain_lanes(spec, roots, tokens, trans):
-    """`_chain` over every lane at once (the reference is `_chain`, lane by lane)."""
+def _chain(spec, roots, tokens, trans):
+    """Lattice.chain_candidates on the device for every lane [B]: each pick is the previous pick's
+    best child under `trans` (a fixed loop over the positions: no host round trip)."""
     B, m, K = tokens.shape[0], spec.nodes, tokens.shape[2]
     dev = tokens.device
     cand = torch.zeros(B, m, dtype=torch.long, device=dev)
@@ -134,29 +143,20 @@ def _chain_lanes(spec, roots, tokens, trans):
                     torch.cat((torch.ones(B, 1, dtype=torch.bool, device=dev), valid), 1))
 
 
-def _rows(root, tokens, pos, cand, parents, depth, valid) -> TreeRows:
-    """Assemble R rows from per-node (pos, cand, parent row, depth, valid), node i → row i+1."""
-    dev = tokens.device
-    tok = tokens[pos.clamp(0, tokens.shape[0] - 1), cand].clamp_min(0)
-    zero = torch.zeros(1, dtype=torch.long, device=dev)
-    return TreeRows(torch.cat((root.view(1), tok)), torch.cat((zero, parents)), torch.cat((zero, depth)),
-                    torch.cat((torch.ones(1, dtype=torch.bool, device=dev), valid)))
+def _rows(roots, tokens, pos, cand, parents, depth, valid) -> TreeRows:
+    """Assemble R rows of every lane from per-node (pos, cand, parent row, depth, valid) [B, N],
+    node i → row i+1; roots [B], tokens [B, m, k]."""
+    B, dev = tokens.shape[0], tokens.device
+    lane = torch.arange(B, device=dev)[:, None]
+    tok = tokens[lane, pos.clamp(0, tokens.shape[1] - 1), cand].clamp_min(0)
+    zero = torch.zeros(B, 1, dtype=torch.long, device=dev)
+    return TreeRows(torch.cat((roots.view(B, 1), tok), 1), torch.cat((zero, parents), 1), torch.cat((zero, depth), 1),
+                    torch.cat((torch.ones(B, 1, dtype=torch.bool, device=dev), valid), 1))
 
 
-def _chain(spec, root, tokens, trans):
-    """Lattice.chain_candidates on the device: each pick is the previous pick's best child under
-    `trans` (a fixed loop over the positions: no host round trip)."""
-    m, dev = spec.nodes, tokens.device
-    idx = torch.arange(m, device=dev)
-    cand = torch.zeros_like(idx)
-    if trans is not None and m > 1:
-        picks = [cand[0]]
-        for i in range(m - 1):
-            row = trans[i].index_select(0, picks[-1].view(1))[0]
-            picks.append(row.masked_fill(tokens[i + 1] < 0, NEG).argmax())
-        cand = torch.stack(picks)
-    valid = (tokens[idx, cand] >= 0).long().cumprod(0).bool()
-    return _rows(root, tokens, idx, cand, idx, idx + 1, valid)
+def _one(*fields) -> tuple:
+    """One tree's per-node fields as a lane of one (for `_rows`)."""
+    return tuple(f[None] for f in fields)
 
 
 def _sequoia(spec, root, tokens, tables):
@@ -166,50 +166,44 @@ def _sequoia(spec, root, tokens, tables):
     valid = torch.cat((torch.ones(1, dtype=torch.bool, device=dev), ok))
     for _ in range(spec.max_depth):  # a node needs its whole root path
         valid = valid & valid[torch.cat((torch.zeros(1, dtype=torch.long, device=dev), par))]
-    return _rows(root, tokens, pos, cand, par, pos + 1, valid[1:])
+    return TreeRows(*(f[0] for f in _rows(root, *_one(tokens, pos, cand, par, pos + 1, valid[1:]))))
 
 
 def _pool(W, D, tokens, node, tr):
-    """Beam of the W best nodes per depth (the best W of all depths are among them, since a node's
-    parent outranks it): (path scores, candidates, parent within the previous depth's beam,
-    depth), each [D·W], depth-major."""
-    K, dev = tokens.shape[1], tokens.device
-    s = node[0]
+    """Every lane's beam of the W best nodes per depth (the best W of all depths are among them,
+    since a node's parent outranks it): (path scores, candidates, parent within the previous
+    depth's beam, depth), each [B, D·W], depth-major; tokens, node [B, m, K], tr [B, m-1, K, K]."""
+    B, K, dev = tokens.shape[0], tokens.shape[2], tokens.device
+    s = node[:, 0]
     if K < W:
-        s = torch.cat((s, s.new_full((W - K,), NEG)))
-    fs, order = s.topk(W)
-    fc, fp = order.clamp(max=K - 1), torch.zeros(W, dtype=torch.long, device=dev)
+        s = torch.cat((s, s.new_full((B, W - K), NEG)), 1)
+    fs, order = s.topk(W, dim=-1)
+    fc, fp = order.clamp(max=K - 1), torch.zeros(B, W, dtype=torch.long, device=dev)
     pool_s, pool_c, pool_p = [fs], [fc], [fp]
-    for d in range(1, D):
-        step = tr[d - 1][fc] if tr is not None else node[d].expand(W, K)  # [W, K]
-        fs, order = (fs[:, None] + step).flatten().topk(W)
+    for d in range(1, D):  # [B, W, K]: each beam node's children
+        step = tr[:, d - 1].gather(1, fc[..., None].expand(B, W, K)) if tr is not None else \
+            node[:, d, None, :].expand(B, W, K)
+        fs, order = (fs[..., None] + step).flatten(1).topk(W, dim=-1)
         fc, fp = order % K, order // K
         pool_s.append(fs), pool_c.append(fc), pool_p.append(fp)
-    depth = torch.arange(D, device=dev).repeat_interleave(W) + 1
-    return torch.cat(pool_s), torch.cat(pool_c), torch.cat(pool_p), depth
+    depth = (torch.arange(D, device=dev).repeat_interleave(W) + 1).expand(B, D * W)
+    return torch.cat(pool_s, 1), torch.cat(pool_c, 1), torch.cat(pool_p, 1), depth
 
 
-def _pick(root, tokens, pool, sel, keep) -> TreeRows:
-    """The rows of pool entries `sel` [W] (a prefix-closed set; W the pool's beam width), ordered
-    depth-major (parents first); `keep` [W] marks those of them that are valid (a prefix-closed
-    subset)."""
+def _pick(roots, tokens, pool, sel, keep) -> TreeRows:
+    """Every lane's rows of pool entries `sel` [B, W] (a prefix-closed set; W the pool's beam
+    width), ordered depth-major (parents first); `keep` [B, W] marks those of them that are valid
+    (a prefix-closed subset)."""
     flat, cand, par, depth = pool
-    W = sel.shape[0]
-    sel, order = sel.sort()
-    keep = keep[order]
-    d_sel = depth[sel]
-    row_of = torch.zeros(flat.shape[0], dtype=torch.long, device=tokens.device)
-    row_of[sel] = torch.arange(1, W + 1, device=tokens.device)
-    parent_flat = (d_sel - 2).clamp_min(0) * W + par[sel]
-    parents = torch.where(d_sel == 1, 0, row_of[parent_flat])
-    return _rows(root, tokens, d_sel - 1, cand[sel], parents, d_sel, keep & (flat[sel] > NEG))
-
-
-def _best_first(spec, root, tokens, node, tr):
-    """The W best nodes of the pool."""
-    pool = _pool(spec.nodes, spec.max_depth, tokens, node, tr)
-    _, sel = (pool[0] - EPS * pool[3]).topk(spec.nodes)
-    return _pick(root, tokens, pool, sel, torch.ones_like(sel, dtype=torch.bool))
+    B, W = sel.shape
+    sel, order = sel.sort(dim=-1)
+    keep = keep.gather(1, order)
+    d_sel = depth.gather(1, sel)
+    row_of = torch.zeros_like(flat, dtype=torch.long).scatter_(
+        1, sel, torch.arange(1, W + 1, device=tokens.device).expand(B, W))
+    parent_flat = (d_sel - 2).clamp_min(0) * W + par.gather(1, sel)
+    parents = torch.where(d_sel == 1, 0, row_of.gather(1, parent_flat))
+    return _rows(roots, tokens, d_sel - 1, cand.gather(1, sel), parents, d_sel, keep & (flat.gather(1, sel) > NEG))
 
 
 def share(top: torch.Tensor, budget: torch.Tensor) -> torch.Tensor:
@@ -229,15 +223,11 @@ def build_shared(spec: TreeSpec, roots: torch.Tensor, tokens: torch.Tensor, logp
     or None; roots, active [B]): the spec.share · (active lanes) nodes of highest path score over
     every active lane's lattice, at most spec.nodes of one lane (trees.shared_best_first). Every
     lane gets spec.rows rows; those outside its share (and an idle lane's) are invalid."""
-    pools = []
-    for b in range(tokens.shape[0]):
-        node, tr = scores(tokens[b], logp[b], None if trans is None else trans[b])
-        pools.append(_pool(spec.nodes, spec.max_depth, tokens[b], node, tr))
-    top, sel = torch.stack([flat - EPS * depth for flat, _, _, depth in pools]).topk(spec.nodes, dim=1)
+    pool = _pool(spec.nodes, spec.max_depth, tokens, *scores(tokens, logp, trans))
+    top, sel = (pool[0] - EPS * pool[3]).topk(spec.nodes, dim=1)
     top = top.masked_fill(active[:, None] == 0, NEG)  # an idle lane takes no share
     taken = share(top, active.sum() * spec.share) & (top > NEG)
-    rows = [_pick(roots[b : b + 1], tokens[b], p, sel[b], taken[b]) for b, p in enumerate(pools)]
-    return TreeRows(*(torch.stack(f) for f in zip(*rows)))
+    return _pick(roots, tokens, pool, sel, taken)
 
 
 def _topk(spec, root, tokens, node, tr):
@@ -270,7 +260,7 @@ def _topk(spec, root, tokens, node, tr):
     row_of = torch.zeros(size, dtype=torch.long, device=dev)
     row_of[sel] = torch.arange(1, sel.shape[0] + 1, device=dev)
     parents = torch.where(p[sel] >= 0, row_of[p[sel].clamp_min(0)], 0)
-    rows = _rows(root, tokens, d[sel] - 1, c[sel], parents, d[sel], ok[sel])
+    rows = TreeRows(*(f[0] for f in _rows(root, *_one(tokens, d[sel] - 1, c[sel], parents, d[sel], ok[sel]))))
     if sel.shape[0] < N:  # a pool smaller than the budget: pad with invalid rows
         pad = N - sel.shape[0]
         z = torch.zeros(pad, dtype=torch.long, device=dev)

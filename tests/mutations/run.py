@@ -9,7 +9,8 @@ The engine's mutations only bite on accepted paths of three or more nodes, on bo
 drivers (the eager one: engine/cache.py Cache, engine/gdn.py replay_path; the static one:
 StaticCache.commit, gdn.tree_state / tree_gated_delta_rule, treeops.accept, and the row a device
 feature drafter keeps after acceptance, fast._FeatureDraft.observe); the batch's row selection
-(treeops.share / build_shared, lengths.clip) only with several lanes; two-level verification's
+(treeops.share / build_shared, lengths.clip) and the batch's admission (prompts prefilled together,
+padded: fast.FastDecoder._admit, the padding rows of a hybrid's prefill) only with several lanes; two-level verification's
 (decode.generate's acceptance of the Q pass's chain, tlv.TwoLevel.quick_pass dropping its rows)
 only where the Q pass is wrong or the target is a hybrid; the statistics' change the
 lower bound by a few percent (services/controller/stats.py).
@@ -172,8 +173,8 @@ MUTATIONS = [
         "batch-shared-root",
         "(e) batched: each lane's shared-budget tree hangs from its neighbour lane's root token",
         "engine/treeops.py",
-        "rows = [_pick(roots[b : b + 1], tokens[b], p, sel[b], taken[b]) for b, p in enumerate(pools)]",
-        "rows = [_pick(roots.roll(1)[b : b + 1], tokens[b], p, sel[b], taken[b]) for b, p in enumerate(pools)]",
+        "return _pick(roots, tokens, pool, sel, taken)",
+        "return _pick(roots.roll(1), tokens, pool, sel, taken)",
         tuple(BATCH), engine=False),
     Mutation(
         "batch-length-past",
@@ -181,6 +182,20 @@ MUTATIONS = [
         "engine/lengths.py",
         "past = torch.arange(tokens.shape[1], device=tokens.device)[None, :] >= lengths[:, None]",
         "past = torch.arange(tokens.shape[1], device=tokens.device)[None, :] > lengths[:, None]",
+        tuple(BATCH), engine=False),
+    Mutation(
+        "batch-admit-root",
+        "(e) batched: prompts admitted in one prefill pass all start from the first one's first token",
+        "engine/fast.py",
+        "self.root.index_copy_(0, lane, first)",
+        "self.root.index_copy_(0, lane, first[:1].expand(len(first)))",
+        tuple(BATCH), engine=False),
+    Mutation(
+        "prefill-padding-state",
+        "(e) static: a padded prefill's padding rows update a hybrid's recurrent state",
+        "engine/model.py",
+        "k, g, beta = k * real[..., None], g * real, beta * real",
+        "k, g, beta = k, g, beta",
         tuple(BATCH), engine=False),
     Mutation(
         "tlv-unchecked-chain",

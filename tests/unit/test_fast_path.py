@@ -121,6 +121,39 @@ def test_static_commit_equals_eager_commit(family):
         torch.testing.assert_close(st_.conv[i], ref.conv[i].transpose(1, 2))
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+@torch.no_grad()
+def test_padded_prefill_into_a_lane_leaves_the_exact_prompts_state(family):
+    """A prefill padded to more rows (`valid` real ones) into lane 1 of 3, the lane given as a
+    tensor (as a captured prefill gets it): that lane's K/V of the prompt, recurrent and conv state
+    and last row's logits equal an unpadded pass's; the other lanes are untouched."""
+    tgt = random_model(tiny_config(family, vocab=61), seed=4, dtype=torch.float64)
+    prompt = [5, 9, 2, 7, 7, 1, 3]
+    exact = tgt.static_cache(64)
+    exact.plan(len(prompt), commit_all=True)
+    want = tgt(torch.tensor([prompt]), exact, logits="last").logits
+    padded = tgt.static_cache(64, lanes=3)
+    for t in (padded.kv, *padded.h.values(), *padded.conv.values()):
+        t.normal_()
+    before = [t.clone() for t in (padded.kv, *padded.h.values(), *padded.conv.values())]
+    lane, valid = torch.tensor([1]), torch.tensor([len(prompt)])
+    padded.reset(lane)
+    padded.plan(16, commit_all=True, lane=lane, valid=valid)
+    got = tgt(torch.tensor([prompt + [11] * 9]), padded, logits="last").logits
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    for i in exact.k:
+        torch.testing.assert_close(padded.k[i][1, :, : len(prompt)], exact.k[i][0, :, : len(prompt)])
+        torch.testing.assert_close(padded.v[i][1, :, : len(prompt)], exact.v[i][0, :, : len(prompt)])
+    for i in exact.h:
+        torch.testing.assert_close(padded.h[i][1], exact.h[i][0], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(padded.conv[i][1], exact.conv[i][0])
+    after = (padded.kv, *padded.h.values(), *padded.conv.values())
+    for old, new in zip(before, after):
+        for other in (0, 2):
+            assert torch.equal(new[:, :, other] if new is padded.kv else new[other],
+                               old[:, :, other] if new is padded.kv else old[other])
+
+
 @lru_cache(maxsize=None)
 def target(family):
     return random_model(tiny_config(family, vocab=97), seed=1, dtype=torch.float64)

@@ -1,5 +1,5 @@
-"""A tree per lane built and accepted in the same kernels equals the same done lane by lane (the
-one-tree functions are the reference): chains with and without transitions, missing candidates,
+"""A tree per lane built and accepted in the same kernels equals the same done lane by lane:
+chains and best-first trees with and without transitions, missing candidates,
 and acceptance over best-first trees with argmaxes that match at random depths."""
 
 import pytest
@@ -25,10 +25,13 @@ def lattice(seed: int, holes: bool):
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("with_trans", [False, True])
-def test_chains_of_every_lane_at_once_equal_each_lane_alone(seed, with_trans):
+@pytest.mark.parametrize("policy", [("chain", ()), ("best-first", (12,)), ("best-first", (3,))])
+def test_trees_of_every_lane_at_once_equal_each_lane_alone(seed, with_trans, policy):
+    """Built in the same kernels, no lane's tree depends on another's lattice (each lane against a
+    batch of one: the trees themselves are checked against trees.py in test_fast_path)."""
     tok, logp, trans = lattice(seed, holes=seed % 2 == 1)
     trans = trans if with_trans else None
-    spec = treeops.spec_for("chain", (), M)
+    spec = treeops.spec_for(*policy, M)
     roots = torch.arange(100, 100 + B)
     got = treeops.build_lanes(spec, roots, tok, logp, trans)
     for b in range(B):
