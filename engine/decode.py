@@ -62,7 +62,7 @@ class Result:
     tokens: list[int]
     steps: list[Step] = field(default_factory=list)
     prefill_s: float = 0.0  # the prefill pass this request waited for
-    prefill_with: int = 1  # requests that pass prefilled (a batch admits several in one pass)
+    prefill_with: int = 1  # requests admitted with it, between the same two steps (prefill_s is theirs together)
     decode_s: float = 0.0
     driver: str = "eager"  # the driver that decoded it: eager | static
 

@@ -368,7 +368,8 @@ class Pointer(NamedTuple):
     shapes: a CUDA graph can hold it): scores [S] of the last context row p's query against every
     context row's key; p (a 0-d tensor); offsets j = 1..n; lead [S], whether a source's token s+2 is
     the drafted position-1 token; copy / before [n, S], a source's token s+j+2 (what it gives drafted
-    position j+1) and s+j+1 (what it says comes right before it); hidden [n, H], the mask rows."""
+    position j+1) and s+j+1 (what it says comes right before it); hidden [n, H], the mask rows.
+    Every field but offsets may carry a leading lane dimension (a batch's blocks: [B, S], p [B], ...)."""
     scores: torch.Tensor
     p: torch.Tensor
     offsets: torch.Tensor
@@ -381,22 +382,25 @@ class Pointer(NamedTuple):
 def pointer(net: FeatureDrafterNet, keys: torch.Tensor, tokens: torch.Tensor, query: torch.Tensor,
             hidden: torch.Tensor, lead: torch.Tensor, p: torch.Tensor) -> Pointer:
     """keys [S, d]: the context rows' pointer keys by position (rows ≥ p unused); tokens [≥ S+2]: the
-    token at each position; query [H]: the last context row p; hidden [n, H]: the mask rows; lead:
-    the drafted position-1 token, which every source must agree with."""
-    S, dev = keys.shape[0], keys.device
-    j = torch.arange(1, len(hidden) + 1, device=dev)
+    token at each position; query [H]: the last context row p; hidden [n, H]: the mask rows; lead
+    [1]: the drafted position-1 token, which every source must agree with. Or each with a leading
+    lane dimension (keys [B, S, d], tokens [B, ≥ S+2], query [B, H], hidden [B, n, H], lead [B, 1],
+    p [B])."""
+    S, dev = keys.shape[-2], keys.device
+    j = torch.arange(1, hidden.shape[-2] + 1, device=dev)
     at = torch.arange(S, device=dev) + j[:, None] + 1
-    return Pointer(keys @ net.copy_query(query), p, j, tokens[2 : S + 2] == lead,
-                   tokens[(at + 1).clamp(max=S + 1)], tokens[at.clamp(max=S + 1)], hidden)
+    scores = torch.einsum("...sd,...d->...s", keys, net.copy_query(query))
+    return Pointer(scores, p, j, tokens[..., 2 : S + 2] == lead,
+                   tokens[..., (at + 1).clamp(max=S + 1)], tokens[..., at.clamp(max=S + 1)], hidden)
 
 
 def pointer_copies(net: FeatureDrafterNet, ptr: Pointer) -> tuple[torch.Tensor, torch.Tensor]:
     """The copies of drafted positions 2..n+1 given only the lead: (gate logits [n, 1], copy
-    probabilities [n, V]). What the lattice's own scores of those positions mix in."""
-    w, match = offset_copy(ptr.scores, ptr.p, ptr.offsets, ptr.lead)
-    p_copy = torch.zeros(len(ptr.hidden), net.cfg.vocab_size, dtype=w.dtype,
-                         device=w.device).scatter_add_(1, ptr.copy, w)
-    return net.copy_gate_logit(ptr.hidden, match)[:, None], p_copy
+    probabilities [n, V]; a lane dimension first if the pointer has one). What the lattice's own
+    scores of those positions mix in."""
+    w, match = offset_copy(ptr.scores, ptr.p, ptr.offsets, ptr.lead[..., None, :])
+    p_copy = w.new_zeros(*w.shape[:-1], net.cfg.vocab_size).scatter_add_(-1, ptr.copy, w)
+    return net.copy_gate_logit(ptr.hidden, match)[..., None], p_copy
 
 
 def with_copies(logits: torch.Tensor, copies: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -409,14 +413,15 @@ def block_transitions(net: FeatureDrafterNet, logits: torch.Tensor, parents: tor
     """A block drafter's transitions [n, k, k] from its mask rows' logits [n, V] (drafted positions
     2..n+1; parents / children [n, k]: the candidates at positions i and i+1): with a pointer head
     `copy_transitions` (over the Markov head's distributions, if any); with the Markov head alone the
-    child's logit plus the low-rank parent term (trees normalize over a parent's candidates)."""
+    child's logit plus the low-rank parent term (trees normalize over a parent's candidates). Every
+    argument may carry a leading lane dimension (logits [B, n, V], ...; the result [B, n, k, k])."""
     markov = net.cfg.kind == "block_markov"
     if ptr is not None:
-        own = logits[:, None, :]
+        own = logits[..., None, :]
         return copy_transitions(net, net.markov_logits(own, parents, emb) if markov else own, parents, children, ptr)
     parent = net.markov_in(F.embedding(parents, emb))  # [n, k, rank]
     child = F.embedding(children, net.markov_out.weight)  # [n, k, rank]
-    return (logits.gather(1, children)[:, None, :] + parent @ child.transpose(1, 2)).double()
+    return (logits.gather(-1, children)[..., None, :] + parent @ child.transpose(-1, -2)).double()
 
 
 def copy_transitions(net: FeatureDrafterNet, own: torch.Tensor, parents: torch.Tensor, children: torch.Tensor,
@@ -425,14 +430,15 @@ def copy_transitions(net: FeatureDrafterNet, own: torch.Tensor, parents: torch.T
     the log of the position's own distribution (logits `own` [n, 1, V], or [n, k, V] per parent for
     a Markov drafter) mixed with the copies of the sources that agree with the lead and with the
     parent candidate (their token s+j+1). parents / children [n, k]: the candidates at positions
-    i and i+1."""
-    agree = ptr.lead & (ptr.before[:, None, :] == parents[..., None])  # [n, k, S]
-    w, match = offset_copy(ptr.scores, ptr.p, ptr.offsets, agree.transpose(0, 1))  # [k, n, S], [k, n]
-    hits = (ptr.copy[:, None, :] == children[..., None]).to(w.dtype)  # [n, child, S]
-    p_copy = torch.einsum("ans,ncs->nac", w, hits)
-    gate = net.copy_gate_logit(ptr.hidden[:, None], match.T)  # [n, k]
+    i and i+1. A leading lane dimension throughout, if the pointer has one."""
+    agree = ptr.lead[..., None, None, :] & (ptr.before[..., None, :] == parents[..., None])  # [n, k, S]
+    w, match = offset_copy(ptr.scores[..., None, :], ptr.p[..., None], ptr.offsets,
+                           agree.transpose(-3, -2))  # [k, n, S], [k, n]
+    hits = (ptr.copy[..., None, :] == children[..., None]).to(w.dtype)  # [n, child, S]
+    p_copy = torch.einsum("...ans,...ncs->...nac", w, hits)
+    gate = net.copy_gate_logit(ptr.hidden[..., None, :], match.transpose(-1, -2))  # [n, k]
     logp = _wide(own).log_softmax(-1)
-    own_at = logp.gather(2, children[:, None, :].expand(-1, logp.shape[1], -1))
+    own_at = logp.gather(-1, children[..., None, :].expand(*logp.shape[:-1], -1))
     return mix_copy(own_at, gate[..., None], p_copy).double()
 
 

@@ -8,8 +8,8 @@ policy's tree with a static node budget (treeops) → one target pass over its r
 plans slots, positions and the ancestor mask) → greedy acceptance → K/V compaction and recurrent
 state commit → the drafter reads the accepted rows → [τ, valid rows, usable positions, path
 tokens, bonus] into one buffer. A prefill pads its prompts to a power-of-two bucket and runs as
-one pass for every prompt that finds a free lane at once (`_admit`; on CUDA one captured graph
-per bucket and prompt count, any lanes: the padding rows write K/V past the real ones and leave
+one pass for every prompt that finds a free lane at once (split into passes of 2^k prompts;
+`_admit`; on CUDA one captured graph per bucket and prompt count, any lanes: the padding rows write K/V past the real ones and leave
 recurrent state alone, StaticCache `valid`). `decode.generate` takes
 this path (driver "auto") whenever the target is on a CUDA device and `unsupported` names nothing;
 on the CPU the eager driver (decode.py) runs unless driver "static" is asked for, and tests run
@@ -140,16 +140,14 @@ class _FeatureDraft:
             lead = first.argmax(-1)
             h = self._layers(net.block_rows(lead, m - 1, self.emb))
             rest = mask_logits = F.linear(net.norm(h), self.head)
-            if self.copy:  # positions 2..m as log-probabilities with the copies mixed in, lane by lane
-                ptrs = [pointer(net, self.keys[b], self.tokens[b], self.hidden[b, 0], h[b], lead[b : b + 1],
-                                self.cache.lengths[b] - 1) for b in range(len(lead))]
-                rest = torch.stack([with_copies(rest[b], pointer_copies(net, p)) for b, p in enumerate(ptrs)])
+            if self.copy:  # positions 2..m as log-probabilities with the copies mixed in, every lane at once
+                ptrs = pointer(net, self.keys, self.tokens, self.hidden[:, 0], h, lead[:, None], self.cache.lengths - 1)
+                rest = with_copies(rest, pointer_copies(net, ptrs))
             logits = torch.cat((logits.to(rest.dtype), rest), 1)
         tok, logp = _lattice(logits)
         if not self.transitions or m == 1:
             return tok, logp, None
-        return tok, logp, torch.stack([block_transitions(net, mask_logits[b], tok[b, : m - 1], tok[b, 1:m], self.emb,
-                                                         ptrs[b] if ptrs else None) for b in range(len(tok))])
+        return tok, logp, block_transitions(net, mask_logits, tok[:, : m - 1], tok[:, 1:m], self.emb, ptrs)
 
 
 class _DraftLMDraft:
@@ -230,6 +228,16 @@ def bucket(n: int, max_len: int, least: int = 16) -> int:
     """The rows a prefill of n tokens runs: the next power of two from `least`, at most max_len
     (one captured graph per bucket, so few of them)."""
     return min(max(least, 1 << (n - 1).bit_length()), max_len)
+
+
+def pow2_runs(n: int) -> list[tuple[int, int]]:
+    """[start, end) runs of 0..n whose lengths are n's binary digits, largest first (13: 8, 4, 1)."""
+    runs, at = [], 0
+    for k in reversed(range(n.bit_length())):
+        if n >> k & 1:
+            runs.append((at, at + (1 << k)))
+            at += 1 << k
+    return runs
 
 
 def on_device(dev: torch.device):
@@ -554,7 +562,9 @@ class FastDecoder:
                     if not waiting:
                         break
                 t0 = clock(self.dev)
-                firsts = self._prefill([prompts[i] for _, i in group], [x for x, _ in group]).tolist()  # one read
+                firsts = []  # passes of 2^k prompts (largest first): few graphs, however lanes free up
+                for a, b in pow2_runs(len(group)):
+                    firsts += self._prefill([prompts[i] for _, i in group[a:b]], [x for x, _ in group[a:b]]).tolist()
                 t1 = time.perf_counter()
                 for (lane, i), newest in zip(group, firsts):
                     started[i], results[i].prefill_s, results[i].prefill_with = t1, t1 - t0, len(group)

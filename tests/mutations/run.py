@@ -191,6 +191,13 @@ MUTATIONS = [
         "self.root.index_copy_(0, lane, first[:1].expand(len(first)))",
         tuple(BATCH), engine=False),
     Mutation(
+        "batch-pointer-length",
+        "(e) batched: each lane's pointer head reads its sources up to its neighbour lane's length",
+        "engine/fast.py",
+        "lead[:, None], self.cache.lengths - 1)",
+        "lead[:, None], self.cache.lengths.roll(1) - 1)",
+        ("tests/unit/test_fast_path.py",), engine=False),
+    Mutation(
         "prefill-padding-state",
         "(e) static: a padded prefill's padding rows update a hybrid's recurrent state",
         "engine/model.py",

@@ -205,6 +205,32 @@ def test_static_drafters_propose_what_eager_ones_do(family, kind):
         assert sorted(fast[i].tree_tokens) == sorted(eager[i].tree_tokens)  # same nodes (device order differs)
 
 
+@pytest.mark.parametrize("family", ["llama", "hybrid"])
+@pytest.mark.parametrize("kind", ["sequential", "block_markov", "block_copy", "block_markov_copy", "draft_lm"])
+@torch.no_grad()
+def test_every_lane_drafts_what_it_drafts_alone(family, kind):
+    """Three ragged prompts prefilled into three lanes in one padded pass: each lane's first lattice
+    (tokens, scores, transitions: the pointer head and the Markov head run for every lane at once)
+    is the one a decoder of one lane drafts for that prompt alone. Every prompt repeats a
+    permutation of the vocabulary, so whatever the lead token, the pointer head finds sources."""
+    tgt = target(family)
+    d = device_drafter(kind, tgt)
+    g = torch.Generator().manual_seed(0)
+    prompts = [(torch.randperm(97, generator=g).tolist() * 2)[:n] for n in (194, 120, 101)]
+    many = FastDecoder(tgt, d, 6, make_policy("best-first:12"), max_len=256, graphs=False, lanes=3)
+    many._prefill(prompts, [0, 1, 2])
+    got = many.device_draft.propose(many.root)
+    for b, prompt in enumerate(prompts):
+        one = FastDecoder(tgt, d, 6, make_policy("best-first:12"), max_len=256, graphs=False)
+        one._prefill([prompt], [0])
+        want = one.device_draft.propose(one.root)
+        assert torch.equal(got[0][b], want[0][0])
+        torch.testing.assert_close(got[1][b], want[1][0], rtol=1e-10, atol=1e-10)
+        assert (got[2] is None) == (want[2] is None)
+        if want[2] is not None:
+            torch.testing.assert_close(got[2][b], want[2][0], rtol=1e-10, atol=1e-10)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_static_ar_and_bias_equal_eager(family):
     tgt = target(family)
@@ -214,6 +240,17 @@ def test_static_ar_and_bias_equal_eager(family):
     assert FastDecoder(tgt, max_len=128, graphs=False).generate(prompt, 30).tokens == generate(tgt, prompt, 30).tokens
     biased = FastDecoder(tgt, max_len=128, graphs=False, logit_bias=bias).generate(prompt, 30, eos=set())
     assert biased.tokens == generate(tgt, prompt, 30, eos=set(), logit_bias=bias).tokens
+
+
+def test_admissions_split_into_passes_of_powers_of_two():
+    """A prefill of 13 prompts runs as passes of 8, 4 and 1 (few graph shapes on CUDA); buckets
+    are powers of two from 16, capped at the cache."""
+    assert fast.pow2_runs(13) == [(0, 8), (8, 12), (12, 13)]
+    assert fast.pow2_runs(16) == [(0, 16)] and fast.pow2_runs(0) == []
+    for n in range(1, 70):
+        runs = fast.pow2_runs(n)
+        assert runs[0][0] == 0 and runs[-1][1] == n and all(a[1] == b[0] for a, b in zip(runs, runs[1:]))
+    assert [fast.bucket(n, 100) for n in (1, 16, 17, 64, 65, 99)] == [16, 16, 32, 64, 100, 100]
 
 
 def test_capacity_is_checked():
