@@ -6,14 +6,19 @@ how many requests' tokens equal their batch-1 tokens (bf16: GEMMs over more rows
 differently — lossless is judged in float64 by the tests, here only reported).
 
 Random weights: τ of the n-gram drafter here says nothing about real text; the figure this measures
-is the batch path's own throughput (is it host-bound, does it scale with the batch).
+is the batch path's own throughput (is it host-bound, does it scale with the batch). With --zoo DIR
+the systems are a zoo's trained dense pair instead (DIR/dense and the drafter --drafter, `block`
+mode) on HumanEval prompts: real acceptance, requests ending at EOS at different steps, and each
+batch size's speculative systems over AR at that batch (`spec_over_ar`).
 
   python bench/batching.py --out bench/results/batching.json [--batches 1,8,16,32] [--prompts 32]
+  python bench/batching.py --zoo out/small --modes ar,block --tree shared:8:16 --batches 1,16 --prompts 164 --out F
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import sys
@@ -28,7 +33,7 @@ from specpilot.engine.config import ModelConfig
 from specpilot.engine.drafters import save_drafter
 from specpilot.engine.engine import Engine, EngineConfig
 from specpilot.engine.synthetic import random_drafter_net, random_model
-from specpilot.zoo.workloads import Request
+from specpilot.zoo.workloads import Request, humaneval
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import git_sha  # noqa: E402
@@ -38,17 +43,18 @@ SMALL_DENSE = dict(family="llama", vocab_size=16384, hidden_size=512, intermedia
                    rms_norm_eps=1e-5, eos_token_id=[16383])
 
 
-def breakdown(res, wall: float) -> dict:
+def breakdown(res, total: float) -> dict:
     """Where a run's wall time went: the prefill passes (each counted once, however many requests
     it admitted), the decode steps (each step's wall, replay to read, counted once however many
     lanes shared it) and the rest (the host's bookkeeping between steps)."""
     steps = [s for r in res for s in r.steps]
     n = sum(1 / max(1, s.lanes) for s in steps)
-    step_s = sum(s.t_verify / max(1, s.lanes) for s in steps)
+    wall = [s.t_draft + s.t_quick + s.t_verify + s.t_commit for s in steps]  # the static driver times all in t_verify
+    step_s = sum(w / max(1, s.lanes) for w, s in zip(wall, steps))
     prefill = sum(r.prefill_s / r.prefill_with for r in res)
-    walls = sorted(s.t_verify for s in steps)
+    walls = sorted(wall)
     return {"steps": round(n), "prefill_s": round(prefill, 4), "step_s": round(step_s, 4),
-            "other_s": round(wall - prefill - step_s, 4),
+            "other_s": round(total - prefill - step_s, 4),
             "step_ms_median": round(1e3 * walls[len(walls) // 2], 4) if walls else None}
 
 
@@ -61,28 +67,40 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--tree", default=None, metavar="POLICY", help="drafter modes verify this tree policy (e.g. "
                     "best-first:8, shared:8:16) instead of a chain")
+    ap.add_argument("--draft-len", type=int, default=8, help="drafted positions per step")
     ap.add_argument("--draft-lens", default=None, metavar="L,L,...", help="per-request draft lengths (EngineConfig)")
     ap.add_argument("--modes", default="ar,chain,block", help="ar | chain (the n-gram drafter) | block (a random "
-                    "block drafter on the device)")
+                    "block drafter on the device, or --zoo's --drafter)")
+    ap.add_argument("--zoo", default=None, metavar="DIR", help="a zoo folder: its trained dense pair on HumanEval prompts")
+    ap.add_argument("--drafter", default="dense-block-markov", help="with --zoo: the drafter folder in it")
     a = ap.parse_args(argv)
     batches = [int(b) for b in a.batches.split(",")]
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    g = torch.Generator().manual_seed(0)
-    reqs = [Request(id=f"p{i}", prompt_ids=tuple(torch.randint(1, 16000, (a.prompt_len,), generator=g).tolist()),
-                    max_new_tokens=a.new_tokens) for i in range(a.prompts)]
+    if a.zoo:
+        reqs = [dataclasses.replace(r, max_new_tokens=a.new_tokens) for r in humaneval(a.prompts)]
+        shape = f"zoo {Path(a.zoo).name}: dense target, {a.drafter} (trained, bf16), HumanEval prompts"
+    else:
+        g = torch.Generator().manual_seed(0)
+        reqs = [Request(id=f"p{i}", prompt_ids=tuple(torch.randint(1, 16000, (a.prompt_len,), generator=g).tolist()),
+                        max_new_tokens=a.new_tokens) for i in range(a.prompts)]
+        shape = "zoo small dense (random bf16)"
     out = {"command": " ".join(["python"] + sys.argv), "device": torch.cuda.get_device_name() if dev == "cuda" else
            "cpu", "date": datetime.date.today().isoformat(), "git_sha": git_sha(), "torch": torch.__version__,
-           "shape": "zoo small dense (random bf16)", "prompts": a.prompts, "prompt_len": a.prompt_len,
+           "shape": shape, "prompts": len(reqs), "prompt_len": None if a.zoo else a.prompt_len,
            "new_tokens": a.new_tokens, "runs": []}
     with tempfile.TemporaryDirectory() as tmp:
-        save_model(random_model(ModelConfig(**SMALL_DENSE), seed=0, dtype=torch.bfloat16), tmp)
-        save_drafter(random_drafter_net("block", ModelConfig(**SMALL_DENSE), seed=0), f"{tmp}/block", torch.bfloat16)
+        if a.zoo:
+            target, block = str(Path(a.zoo) / "dense"), str(Path(a.zoo) / a.drafter)
+        else:
+            target, block = tmp, f"{tmp}/block"
+            save_model(random_model(ModelConfig(**SMALL_DENSE), seed=0, dtype=torch.bfloat16), tmp)
+            save_drafter(random_drafter_net("block", ModelConfig(**SMALL_DENSE), seed=0), block, torch.bfloat16)
         for mode in a.modes.split(","):
-            drafter = {"ar": None, "chain": "ngram", "block": f"{tmp}/block"}[mode]
+            drafter = {"ar": None, "chain": "ngram", "block": block}[mode]
             spec_mode = "tree" if a.tree else "chain"
             extra = {"tree": a.tree} if a.tree and mode != "ar" else {}
             extra.update({"draft_lens": a.draft_lens} if a.draft_lens and mode != "ar" else {})
-            eng = Engine(EngineConfig(target=tmp, drafter=drafter, mode="ar" if mode == "ar" else spec_mode, draft_len=8,
+            eng = Engine(EngineConfig(target=target, drafter=drafter, mode="ar" if mode == "ar" else spec_mode, draft_len=a.draft_len,
                                       dtype="bfloat16", device=dev, max_new_tokens=a.new_tokens, **extra))
             ref = None
             for b in batches:
@@ -104,8 +122,11 @@ def main(argv=None) -> int:
                 print(json.dumps(row), flush=True)
                 Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
     base = {r["mode"]: r["tokens_per_s"] for r in out["runs"] if r["batch"] == 1}
+    ar = {r["batch"]: r["tokens_per_s"] for r in out["runs"] if r["mode"] == "ar"}
     for r in out["runs"]:
         r["over_batch_1"] = round(r["tokens_per_s"] / base[r["mode"]], 3) if r["mode"] in base else None
+        r["spec_over_ar"] = round(r["tokens_per_s"] / ar[r["batch"]], 3) if r["mode"] != "ar" and r["batch"] in ar \
+            else None
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
     return 0
 

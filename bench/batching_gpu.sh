@@ -5,12 +5,16 @@
 #   batching  bench/batching.py: tokens/s at each batch size, AR, the n-gram chain, a device block drafter
 #   rows      bench/batching.py with the block drafter verifying trees: equal per-request trees
 #             (best-first:8) and a shared budget (shared:8:16) at batch 1 and 16 (capture + compile on CUDA)
+#   build     the zoo's small dense pair on the GPU (specpilot zoo build --preset small --roles dense → out/small;
+#             about 300 s on an H100), skipped when out/small/dense exists
+#   zoo       bench/batching.py --zoo out/small: AR and the block + Markov drafter at batch 1 and 16 on HumanEval
+#             prompts, once per tree in ZOO_TREES (default: chain best-first:16 shared:16:32), spec over AR per batch
 # Usage (repository root, GPU machine, package installed): bash bench/batching_gpu.sh DIR
 set -uo pipefail
 dir=${1:?usage: bash bench/batching_gpu.sh DIR}
 mkdir -p "$dir"
 export PYTHONUNBUFFERED=1
-steps=" ${STEPS:-equality batching rows} "
+steps=" ${STEPS:-equality batching rows} "  # build and zoo only when asked for
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv >"$dir/gpu.txt" 2>&1
 case $steps in *" equality "*)
     for d in float64 bfloat16; do
@@ -27,5 +31,19 @@ case $steps in *" rows "*)
         timeout "${ROWS_TIMEOUT:-120}" python bench/batching.py --modes block --tree "$t" --batches 1,16 \
             --out "$dir/rows_${t//:/_}.json" >"$dir/rows_${t//:/_}.log" 2>&1
         echo "rows $t exit $?" >>"$dir/rows_${t//:/_}.log"
+    done;;
+esac
+case $steps in *" build "*)
+    [ -d out/small/dense ] || timeout "${BUILD_TIMEOUT:-560}" specpilot zoo build --preset small --roles dense \
+        --device cuda --out out/small >"$dir/zoo_build.log" 2>&1
+    echo "build exit $?" >>"$dir/zoo_build.log";;
+esac
+case $steps in *" zoo "*)
+    for t in ${ZOO_TREES:-chain best-first:16 shared:16:32}; do
+        tree=$([ "$t" = chain ] || echo "--tree $t")
+        timeout "${ZOO_TIMEOUT:-200}" python bench/batching.py --zoo out/small --modes ar,block $tree --draft-len 16 \
+            --batches "${ZOO_BATCHES:-1,16}" --prompts "${PROMPTS:-164}" --out "$dir/zoo_${t//:/_}.json" \
+            >"$dir/zoo_${t//:/_}.log" 2>&1
+        echo "zoo $t exit $?" >>"$dir/zoo_${t//:/_}.log"
     done;;
 esac
