@@ -9,7 +9,8 @@ plans slots, positions and the ancestor mask) → greedy acceptance → K/V comp
 state commit → the drafter reads the accepted rows → [τ, valid rows, usable positions, path
 tokens, bonus] into one buffer. A prefill pads its prompts to a power-of-two bucket and runs as
 one pass for every prompt that finds a free lane at once (split into passes of 2^k prompts;
-`_admit`; on CUDA one captured graph per bucket and prompt count, any lanes: the padding rows write K/V past the real ones and leave
+`_admit`; on CUDA one captured graph per bucket and prompt count, any lanes, every count captured
+at the bucket's first use: the padding rows write K/V past the real ones and leave
 recurrent state alone, StaticCache `valid`). `decode.generate` takes
 this path (driver "auto") whenever the target is on a CUDA device and `unsupported` names nothing;
 on the CPU the eager driver (decode.py) runs unless driver "static" is asked for, and tests run
@@ -240,6 +241,12 @@ def pow2_runs(n: int) -> list[tuple[int, int]]:
     return runs
 
 
+def admit_counts(n: int, lanes: int) -> list[int]:
+    """The prompt counts a prefill of bucket n may run (generate_batch admits passes of 2^k prompts,
+    at most ADMIT_ROWS rows unless alone): 1, 2, 4, … up to the lanes."""
+    return [1 << k for k in range(lanes.bit_length()) if 1 << k <= lanes and (k == 0 or n << k <= ADMIT_ROWS)]
+
+
 def on_device(dev: torch.device):
     """The context a decoder on `dev` runs in: its CUDA device made current (events, streams,
     graph capture and synchronize use the current device), nothing on the CPU."""
@@ -306,6 +313,7 @@ class FastDecoder:
         self.admit_in = torch.zeros(lanes * (2 + max_len), dtype=torch.long, device=dev)
         self.admit_first = torch.zeros(lanes, dtype=torch.long, device=dev)
         self.admit_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.admit_buckets: set[int] = set()  # buckets whose prompt counts have all run once
         self.admit_pool = torch.cuda.graph_pool_handle() if self.graphs else None
         if self.graphs:  # two pinned output buffers: a step's result is read while the next one runs
             self.host_out = [torch.empty_like(self.out, device="cpu").pin_memory() for _ in range(2)]
@@ -416,26 +424,37 @@ class FastDecoder:
     # ---- the host side ------------------------------------------------------------------------
     def _prefill(self, prompts: list[list[int]], lanes: list[int]) -> torch.Tensor:
         """Prompts into their lanes (the other lanes untouched) in one pass, each padded to the
-        bucket of the longest; on CUDA the (bucket, count) graph replays, captured on its first use.
-        Returns their first tokens [A], on the device."""
+        bucket of the longest. A bucket's first use first runs every prompt count `admit_counts`
+        allows it (on CUDA: captures their graphs, so that no capture stalls a later admission
+        mid-decode) on these same lanes and prompts, repeated: those runs write only what the real
+        pass then writes again. Returns the first tokens [A], on the device."""
         A, n = len(prompts), bucket(max(map(len, prompts)), self.cache.max_len)
+        if n not in self.admit_buckets:
+            self.admit_buckets.add(n)
+            for a in admit_counts(n, self.lanes):
+                if a != A:
+                    self._admit_run([prompts[j % A] for j in range(a)], [lanes[j % A] for j in range(a)], n)
+        self._admit_run(prompts, lanes, n)
+        return self.admit_first[:A]
+
+    def _admit_run(self, prompts: list[list[int]], lanes: list[int], n: int) -> None:
+        """One prefill pass of these prompts padded to n rows: on CUDA the (n, count) graph, captured
+        on its first use."""
+        A = len(prompts)
         rows = [p + [0] * (n - len(p)) for p in prompts]
         self.admit_in[: A * (2 + n)].copy_(torch.tensor([*lanes, *map(len, prompts), *(t for r in rows for t in r)]))
         if not self.graphs:
-            self._admit(n, A)
-        elif (n, A) in self.admit_graphs:
-            self.admit_graphs[n, A].replay()
-        else:
+            return self._admit(n, A)
+        if (n, A) not in self.admit_graphs:
             side = torch.cuda.Stream(self.dev)
             side.wait_stream(torch.cuda.current_stream(self.dev))
             with torch.cuda.stream(side):
-                self._admit(n, A)  # warms up (and prefills)
+                self._admit(n, A)  # warms up
             torch.cuda.current_stream(self.dev).wait_stream(side)
-            graph = self.admit_graphs[n, A] = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.admit_pool):
+            self.admit_graphs[n, A] = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.admit_graphs[n, A], pool=self.admit_pool):
                 self._admit(n, A)
-            graph.replay()
-        return self.admit_first[:A]
+        self.admit_graphs[n, A].replay()
 
     def _load(self, lat: Lattice, lane: int = 0) -> None:
         """A host drafter's lattice into lane `lane` of the (padded) pinned staging buffers;

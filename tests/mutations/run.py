@@ -198,6 +198,13 @@ MUTATIONS = [
         "lead[:, None], self.cache.lengths.roll(1) - 1)",
         ("tests/unit/test_fast_path.py",), engine=False),
     Mutation(
+        "admit-warmup-foreign-lane",
+        "(e) batched: a new bucket's warm-up passes write the next lane over (a lane that may be decoding)",
+        "engine/fast.py",
+        "[lanes[j % A] for j in range(a)], n)",
+        "[(lanes[j % A] + 1) % self.lanes for j in range(a)], n)",
+        tuple(BATCH), engine=False),
+    Mutation(
         "prefill-padding-state",
         "(e) static: a padded prefill's padding rows update a hybrid's recurrent state",
         "engine/model.py",

@@ -85,6 +85,17 @@ def test_paths_run_deep_and_lanes_accept_different_lengths():
     assert any(len({t[i] for t in taus}) > 1 for i in range(min(map(len, taus))))
 
 
+@pytest.mark.parametrize("family", ["llama", "hybrid"])
+def test_a_new_prefill_length_mid_decode_leaves_the_decoding_lanes_alone(family):
+    """Long prompts (a bucket not used before, whose every prompt count then runs once) admitted
+    into lanes that free up while the other lanes decode: every request still gets its AR tokens."""
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [t % VOCAB for t in range(5, 45)], [t % VOCAB for t in range(50, 90)], [7, 7, 1]]
+    limits = [40, 4, 20, 8, 10]
+    dec = FastDecoder(target(family), PerRequestOracle(family, 0.2, 1), 6, None, max_len=128, graphs=False, lanes=4)
+    out = dec.generate_batch(prompts, limits, eos=set())
+    assert [r.tokens for r in out] == [ar(family, tuple(q), n) for q, n in zip(prompts, limits)]
+
+
 def test_eos_and_limits_end_each_request_as_ar_does():
     tgt = target("qwen3")
     prompts = [[3, 1, 4], [1, 5, 9, 2], [6, 5], [3, 5, 8, 9]]

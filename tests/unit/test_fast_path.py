@@ -243,14 +243,16 @@ def test_static_ar_and_bias_equal_eager(family):
 
 
 def test_admissions_split_into_passes_of_powers_of_two():
-    """A prefill of 13 prompts runs as passes of 8, 4 and 1 (few graph shapes on CUDA); buckets
-    are powers of two from 16, capped at the cache."""
+    """A prefill of 13 prompts runs as passes of 8, 4 and 1 (few graph shapes on CUDA, all run at a
+    bucket's first use); buckets are powers of two from 16, capped at the cache."""
     assert fast.pow2_runs(13) == [(0, 8), (8, 12), (12, 13)]
     assert fast.pow2_runs(16) == [(0, 16)] and fast.pow2_runs(0) == []
     for n in range(1, 70):
         runs = fast.pow2_runs(n)
         assert runs[0][0] == 0 and runs[-1][1] == n and all(a[1] == b[0] for a, b in zip(runs, runs[1:]))
     assert [fast.bucket(n, 100) for n in (1, 16, 17, 64, 65, 99)] == [16, 16, 32, 64, 100, 100]
+    assert fast.admit_counts(64, 16) == [1, 2, 4, 8, 16] and fast.admit_counts(64, 12) == [1, 2, 4, 8]
+    assert fast.admit_counts(fast.ADMIT_ROWS, 32) == [1] and fast.admit_counts(16, 1) == [1]
 
 
 def test_capacity_is_checked():
