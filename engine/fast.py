@@ -315,8 +315,10 @@ class FastDecoder:
         self.admit_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.admit_buckets: set[int] = set()  # buckets whose prompt counts have all run once
         self.admit_pool = torch.cuda.graph_pool_handle() if self.graphs else None
-        if self.graphs:  # two pinned output buffers: a step's result is read while the next one runs
-            self.host_out = [torch.empty_like(self.out, device="cpu").pin_memory() for _ in range(2)]
+        # two host copies of a step's result (pinned on CUDA): one is read while the next step runs
+        self.host_out = [torch.empty_like(self.out, device="cpu") for _ in range(2)]
+        if self.graphs:
+            self.host_out = [t.pin_memory() for t in self.host_out]
             self.events = [torch.cuda.Event() for _ in range(2)]
         if self.compile:  # every decoder compiles its own step: allow as many as a process builds
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
@@ -587,7 +589,7 @@ class FastDecoder:
                 t1 = time.perf_counter()
                 for (lane, i), newest in zip(group, firsts):
                     started[i], results[i].prefill_s, results[i].prefill_with = t1, t1 - t0, len(group)
-                    held[lane] = i
+                    held[lane], since[lane] = i, launched
                     if emit(results[i].tokens, [newest], eos, limits[i]):
                         finish(lane, i)
                     elif self.hosts:
@@ -595,7 +597,15 @@ class FastDecoder:
                         h.reset(len(prompts[i]) + limits[i] + self.spec.rows + 1)
                         h.observe(list(prompts[i]), list(prompts[i][1:]) + [newest], None)
 
+        # Device drafters and AR: the next step is launched before this one's result is read (as in
+        # generate), so a step's rows of a lane whose request ended in the step before, or that was
+        # admitted after its launch, belong to no request: `since` is each lane's first step.
+        ahead, launched, k = not self.hosts, 0, 0
+        since = [0] * self.lanes
         admit()
+        if ahead and any(i is not None for i in held):
+            self._launch(0)
+            launched = 1
         while any(i is not None for i in held):
             ta = time.perf_counter()
             if self.hosts:
@@ -603,30 +613,44 @@ class FastDecoder:
                     if i is not None:
                         self._load(self.hosts[lane].propose(self.m), lane)
                 self._upload()
-            self.graph.replay() if self.graph is not None else self.fn()
-            rows = self.out.tolist()  # the step's one read, for every lane
+            if ahead:
+                self._launch(1 - k)
+                launched += 1
+                rows, k = self._read(k), 1 - k  # the step's one read, for every lane
+            else:
+                self.graph.replay() if self.graph is not None else self.fn()
+                rows = self.out.tolist()  # the step's one read, for every lane
+            step = launched - 2 if ahead else launched
+            launched += 0 if ahead else 1
             wall = time.perf_counter() - ta
-            busy = sum(i is not None for i in held)
-            for lane, i in enumerate(held):
-                if i is None:
-                    continue
+            mine = [(lane, i) for lane, i in enumerate(held) if i is not None and since[lane] <= step]
+            for lane, i in mine:
                 tau, drafted, positions, bonus = rows[lane][:3] + rows[lane][-1:]
                 committed = rows[lane][3 : 3 + tau]
                 emitted = committed[1:] + [bonus]
                 results[i].steps.append(Step(tau=tau, drafted=drafted, t_draft=0.0, t_verify=wall, t_commit=0.0,
-                                             rows=self.lanes * self.spec.rows, lanes=busy, positions=positions))
+                                             rows=self.lanes * self.spec.rows, lanes=len(mine), positions=positions))
                 if emit(results[i].tokens, emitted, eos, limits[i]):
                     finish(lane, i)
                 elif self.hosts:
                     self.hosts[lane].observe(committed, emitted, None)
             admit()
+        if ahead and launched:
+            self._read(k)  # the step launched past the end: waited for, in the batch's time
         return results
 
     def _launch(self, i: int) -> None:
-        """Replay the step and queue its output's copy into pinned host buffer i."""
-        self.graph.replay()
-        self.host_out[i].copy_(self.out, non_blocking=True)
-        self.events[i].record()
+        """Replay the step (run it, without graphs) and queue its output's copy into host buffer i."""
+        self.graph.replay() if self.graph is not None else self.fn()
+        self.host_out[i].copy_(self.out, non_blocking=self.graph is not None)
+        if self.graph is not None:
+            self.events[i].record()
+
+    def _read(self, i: int) -> list[list[int]]:
+        """Host buffer i's step result, once its copy has landed."""
+        if self.graph is not None:
+            self.events[i].synchronize()
+        return self.host_out[i].tolist()
 
     def _record(self, lat: Lattice | None, room: int, tau: int, emitted: list[int]) -> StepRecord:
         """What the step saw, read back (records only: more reads than a plain step). The step's

@@ -205,6 +205,13 @@ MUTATIONS = [
         "[(lanes[j % A] + 1) % self.lanes for j in range(a)], n)",
         tuple(BATCH), engine=False),
     Mutation(
+        "batch-ahead-stale-rows",
+        "(e) batched: a step launched before a lane's request began (or after it ended) gives it tokens",
+        "engine/fast.py",
+        "if i is not None and since[lane] <= step]",
+        "if i is not None]",
+        tuple(BATCH), engine=False),
+    Mutation(
         "prefill-padding-state",
         "(e) static: a padded prefill's padding rows update a hybrid's recurrent state",
         "engine/model.py",

@@ -120,7 +120,8 @@ def test_idle_lanes_leave_the_others_alone(drafter):
 
 def test_one_device_read_per_step_for_the_whole_batch(monkeypatch):
     """The host reads the device once per step (every lane's τ, path and bonus), plus once per
-    prefill pass (its requests' first tokens: the prompts that find free lanes together share one)."""
+    prefill pass (its requests' first tokens: the prompts that find free lanes together share one),
+    and the next step is already launched when it reads one."""
     prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3], [8, 9, 7, 9]]
     dec = FastDecoder(target("llama"), None, 4, None, max_len=128, graphs=False, lanes=2)
     reads = {"n": 0}
@@ -131,12 +132,13 @@ def test_one_device_read_per_step_for_the_whole_batch(monkeypatch):
     out = dec.generate_batch(prompts, [9, 6, 11, 4], eos=set())
     monkeypatch.undo()
     # AR: a request of n tokens takes n - 1 steps. Lane 0 holds request 0 (8 steps), lane 1
-    # request 1 (5); request 2 takes lane 1 after step 5 (10 steps: to step 15), request 3 lane 0
-    # after step 8 (3 steps): 15 steps in all.
+    # request 1 (5). Each step is launched before the one before it is read, so a freed lane misses
+    # the step already in flight: request 2 takes lane 1 from step 7 (10 steps: to step 16),
+    # request 3 lane 0 from step 10 (3 steps). 16 steps, and the one launched past the end.
     # Requests 0 and 1 are prefilled in one pass, 2 and 3 each in their own.
     assert [len(r.steps) for r in out] == [8, 5, 10, 3]
     assert [r.prefill_with for r in out] == [2, 2, 1, 1]
-    assert reads["n"] == 3 + 15
+    assert reads["n"] == 3 + 17
 
 
 def device_drafter(kind: str, family: str = "llama"):
