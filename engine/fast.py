@@ -613,15 +613,14 @@ class FastDecoder:
                     if i is not None:
                         self._load(self.hosts[lane].propose(self.m), lane)
                 self._upload()
-            if ahead:
+            if ahead:  # launch step `launched`, read step `launched - 1`
                 self._launch(1 - k)
-                launched += 1
                 rows, k = self._read(k), 1 - k  # the step's one read, for every lane
+                step, launched = launched - 1, launched + 1
             else:
                 self.graph.replay() if self.graph is not None else self.fn()
                 rows = self.out.tolist()  # the step's one read, for every lane
-            step = launched - 2 if ahead else launched
-            launched += 0 if ahead else 1
+                step, launched = launched, launched + 1
             wall = time.perf_counter() - ta
             mine = [(lane, i) for lane, i in enumerate(held) if i is not None and since[lane] <= step]
             for lane, i in mine:
