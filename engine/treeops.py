@@ -99,25 +99,25 @@ def build(spec: TreeSpec, root: torch.Tensor, tokens: torch.Tensor, logp: torch.
     if spec.kind in LANES:
         rows = build_lanes(spec, root.view(1), tokens[None], logp[None], None if trans is None else trans[None])
         return TreeRows(*(f[0] for f in rows))
-    if spec.kind == "sequoia":
-        return _sequoia(spec, root, tokens, tables or sequoia_tables(spec, tokens.device))
-    return _topk(spec, root, tokens, *scores(tokens, logp, trans))
+    return _sequoia(spec, root, tokens, tables or sequoia_tables(spec, tokens.device))
 
 
-LANES = ("chain", "best-first")  # kinds whose every lane's tree is built in the same kernels
+LANES = ("chain", "best-first", "topk")  # kinds whose every lane's tree is built in the same kernels
 
 
 def build_lanes(spec: TreeSpec, roots: torch.Tensor, tokens: torch.Tensor, logp: torch.Tensor,
                 trans: torch.Tensor | None = None, tables: tuple[torch.Tensor, ...] | None = None) -> TreeRows:
     """`build` for a tree per lane: roots [B], lattices [B, m, k] (trans [B, m-1, k, k] or None);
-    fields [B, R]. Chains and best-first trees are built for every lane in the same kernels; the
-    other kinds lane by lane."""
+    fields [B, R]. Chains, best-first and top-k trees are built for every lane in the same kernels;
+    Sequoia shapes lane by lane."""
     if spec.kind == "chain":
         return _chain(spec, roots, tokens, trans)
     if spec.kind == "best-first":
         pool = _pool(spec.nodes, spec.max_depth, tokens, *scores(tokens, logp, trans))
         _, sel = (pool[0] - EPS * pool[3]).topk(spec.nodes, dim=-1)
         return _pick(roots, tokens, pool, sel, torch.ones_like(sel, dtype=torch.bool))
+    if spec.kind == "topk":
+        return _topk(spec, roots, tokens, *scores(tokens, logp, trans))
     rows = [build(spec, roots[b : b + 1], tokens[b], logp[b], None if trans is None else trans[b], tables)
             for b in range(tokens.shape[0])]
     return TreeRows(*(torch.stack(f) for f in zip(*rows)))
@@ -230,42 +230,46 @@ def build_shared(spec: TreeSpec, roots: torch.Tensor, tokens: torch.Tensor, logp
     return _pick(roots, tokens, pool, sel, taken)
 
 
-def _topk(spec, root, tokens, node, tr):
-    """EAGLE-2: a beam of K per depth, each expanded by its K best children; the N best of the
-    pool; only nodes whose whole root path was kept."""
-    Kb, D, N, K, dev = spec.beam, spec.max_depth, spec.nodes, tokens.shape[1], tokens.device
+def _topk(spec, roots, tokens, node, tr):
+    """EAGLE-2 for every lane: a beam of K per depth, each expanded by its K best children; the N
+    best of the pool; only nodes whose whole root path was kept. tokens, node [B, m, k]."""
+    Kb, D, N, (B, _, K), dev = spec.beam, spec.max_depth, spec.nodes, tokens.shape, tokens.device
     kk = min(Kb, K)
-    bs, bc = node[0].topk(kk)
-    pool_s, pool_c, pool_d, pool_p = [bs], [bc], [torch.ones(kk, dtype=torch.long, device=dev)], \
-        [torch.full((kk,), -1, dtype=torch.long, device=dev)]
-    beam, size = torch.arange(kk, device=dev), kk
+    bs, bc = node[:, 0].topk(kk, dim=-1)  # [B, kk]
+    pool_s, pool_c = [bs], [bc]
+    pool_d, pool_p = [torch.ones(kk, dtype=torch.long, device=dev)], [torch.full((kk,), -1, dtype=torch.long, device=dev)]
+    beam, size = torch.arange(kk, device=dev).expand(B, kk), kk
     for pos in range(1, D):
-        step = tr[pos - 1][bc] if tr is not None else node[pos].expand(kk, K)
-        cs, cc = (bs[:, None] + step).topk(kk, dim=1)  # [kk, kk]: each beam node's best children
-        cs, cc = cs.flatten(), cc.flatten()
+        step = tr[:, pos - 1].gather(1, bc[..., None].expand(B, kk, K)) if tr is not None else \
+            node[:, pos, None, :].expand(B, kk, K)
+        cs, cc = (bs[..., None] + step).topk(kk, dim=-1)  # [B, kk, kk]: each beam node's best children
+        cs, cc = cs.flatten(1), cc.flatten(1)
         pool_s.append(cs), pool_c.append(cc)
         pool_d.append(torch.full((kk * kk,), pos + 1, dtype=torch.long, device=dev))
-        pool_p.append(beam.repeat_interleave(kk))
-        top = cs.topk(kk).indices
-        beam, bs, bc = size + top, cs[top], cc[top]
+        pool_p.append(beam.repeat_interleave(kk, dim=1))  # each child's parent: its beam node's place in the pool
+        top = cs.topk(kk, dim=-1).indices
+        beam, bs, bc = size + top, cs.gather(1, top), cc.gather(1, top)
         size += kk * kk
-    s, c, d, p = (torch.cat(t) for t in (pool_s, pool_c, pool_d, pool_p))
-    keep = torch.zeros(size, dtype=torch.bool, device=dev)
-    keep.index_fill_(0, (s - EPS * d).topk(min(N, size)).indices, True)
+    s, c = torch.cat(pool_s, 1), torch.cat(pool_c, 1)
+    d = torch.cat(pool_d).expand(B, size)
+    p = torch.cat([pool_p[0].expand(B, kk)] + pool_p[1:], 1)
+    n = min(N, size)
+    keep = torch.zeros(B, size, dtype=torch.bool, device=dev).scatter_(1, (s - EPS * d).topk(n, dim=-1).indices, True)
     ok = keep & (s > NEG)
     for _ in range(D):  # a node is kept only with its whole root path
-        ok = ok & torch.where(p >= 0, ok[p.clamp_min(0)], True)
+        ok = ok & torch.where(p >= 0, ok.gather(1, p.clamp_min(0)), True)
     idx = torch.arange(size, device=dev)
-    sel = torch.where(ok, idx, idx + size).topk(min(N, size), largest=False).indices.sort().values
-    row_of = torch.zeros(size, dtype=torch.long, device=dev)
-    row_of[sel] = torch.arange(1, sel.shape[0] + 1, device=dev)
-    parents = torch.where(p[sel] >= 0, row_of[p[sel].clamp_min(0)], 0)
-    rows = TreeRows(*(f[0] for f in _rows(root, *_one(tokens, d[sel] - 1, c[sel], parents, d[sel], ok[sel]))))
-    if sel.shape[0] < N:  # a pool smaller than the budget: pad with invalid rows
-        pad = N - sel.shape[0]
-        z = torch.zeros(pad, dtype=torch.long, device=dev)
-        rows = TreeRows(torch.cat((rows.tokens, z)), torch.cat((rows.parents, z)), torch.cat((rows.depth, z + 1)),
-                        torch.cat((rows.valid, z.bool())))
+    sel = torch.where(ok, idx, idx + size).topk(n, dim=-1, largest=False).indices.sort(dim=-1).values
+    row_of = torch.zeros(B, size, dtype=torch.long, device=dev).scatter_(
+        1, sel, torch.arange(1, n + 1, device=dev).expand(B, n))
+    par = p.gather(1, sel)
+    parents = torch.where(par >= 0, row_of.gather(1, par.clamp_min(0)), 0)
+    ds = d.gather(1, sel)
+    rows = _rows(roots, tokens, ds - 1, c.gather(1, sel), parents, ds, ok.gather(1, sel))
+    if n < N:  # a pool smaller than the budget: pad with invalid rows
+        z = torch.zeros(B, N - n, dtype=torch.long, device=dev)
+        rows = TreeRows(torch.cat((rows.tokens, z), 1), torch.cat((rows.parents, z), 1),
+                        torch.cat((rows.depth, z + 1), 1), torch.cat((rows.valid, z.bool()), 1))
     return rows
 
 

@@ -1,5 +1,5 @@
 """A tree per lane built and accepted in the same kernels equals the same done lane by lane:
-chains and best-first trees with and without transitions, missing candidates,
+chains, best-first and top-k trees with and without transitions, missing candidates,
 and acceptance over best-first trees with argmaxes that match at random depths."""
 
 import pytest
@@ -25,7 +25,8 @@ def lattice(seed: int, holes: bool):
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("with_trans", [False, True])
-@pytest.mark.parametrize("policy", [("chain", ()), ("best-first", (12,)), ("best-first", (3,))])
+@pytest.mark.parametrize("policy", [("chain", ()), ("best-first", (12,)), ("best-first", (3,)), ("topk", (3, 10)),
+                                    ("topk", (4, 40))])
 def test_trees_of_every_lane_at_once_equal_each_lane_alone(seed, with_trans, policy):
     """Built in the same kernels, no lane's tree depends on another's lattice (each lane against a
     batch of one: the trees themselves are checked against trees.py in test_fast_path)."""
