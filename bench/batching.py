@@ -51,7 +51,7 @@ def breakdown(res, total: float) -> dict:
     n = sum(1 / max(1, s.lanes) for s in steps)
     wall = [s.t_draft + s.t_quick + s.t_verify + s.t_commit for s in steps]  # the static driver times all in t_verify
     step_s = sum(w / max(1, s.lanes) for w, s in zip(wall, steps))
-    prefill = sum(r.prefill_s / r.prefill_with for r in res)
+    prefill = sum(r.prefill_s / getattr(r, "prefill_with", 1) for r in res)  # older engines: a pass a request
     walls = sorted(wall)
     return {"steps": round(n), "prefill_s": round(prefill, 4), "step_s": round(step_s, 4),
             "other_s": round(total - prefill - step_s, 4),

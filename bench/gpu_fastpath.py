@@ -84,6 +84,22 @@ def run_parts(parts: dict, names: list[str], args, out_dir, shown) -> None:
                                       if k in shown or k in ("error", "seconds")), flush=True)
 
 
+def parts_main(script: str, parts: dict, args, merge, shown, needs_cuda: bool = False) -> int:
+    """The command line of a script of parts (`SCRIPT PART ... | merge DIR`): merge DIR's part files
+    into args.out, or run the named parts (`run_parts`) into args.out_dir; 2 on an unknown part."""
+    if args.parts[0] == "merge":
+        res = merge(Path(args.parts[1]))
+        Path(args.out).write_text(json.dumps(res, indent=1))
+        print(json.dumps({k: v for k, v in res.items() if k != "parts"}, indent=1))
+        return 0
+    unknown = [p for p in args.parts if p not in parts]
+    if unknown or (needs_cuda and not torch.cuda.is_available()):
+        print(f"{script}: {'unknown part ' + str(unknown) if unknown else 'needs a CUDA GPU'}", file=sys.stderr)
+        return 2
+    run_parts(parts, args.parts, args, args.out_dir, shown)
+    return 0
+
+
 def clocks() -> dict:
     """SM and memory clocks as nvidia-smi reads them now (left as they are)."""
     try:
@@ -195,14 +211,14 @@ def part_eight_b(args) -> dict:
            "floor_ms_per_token": floor_ms, "ar_ms_per_token": ar_ms, "ar_floor_fraction": floor_ms / ar_ms,
            "ar_first_call_s": ar_first}
     for rows in (16, 64):
-        ms, first = step_ms(model, prompt, args.new_tokens // 2, FixedLattice(cfg.vocab_size, 15),
+        ms, first = step_ms(model, prompt, args.new_tokens // 2, FixedLattice(model.cfg.vocab_size, 15),
                             make_policy(f"best-first:{rows - 1}"))
         out[f"step{rows}_ms"], out[f"c{rows}"], out[f"step{rows}_first_call_s"] = ms, ms / ar_ms, first
     if args.profile:
         print("AR step:")
         out["profile_ar"] = kernel_profile(model, prompt)
         print("16-row step:")
-        out["profile_16"] = kernel_profile(model, prompt, FixedLattice(cfg.vocab_size, 15), make_policy("best-first:15"))
+        out["profile_16"] = kernel_profile(model, prompt, FixedLattice(model.cfg.vocab_size, 15), make_policy("best-first:15"))
     return out
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_fastpath import LLAMA_8B, forcing, random_model, requests, run_parts  # noqa: E402
+from gpu_fastpath import LLAMA_8B, forcing, parts_main, random_model, requests  # noqa: E402
 
 from specpilot.engine import trees  # noqa: E402
 from specpilot.engine.config import ModelConfig  # noqa: E402
@@ -180,17 +180,7 @@ def main() -> int:
     ap.add_argument("--out", default="bench/results/tlv.json", help="merge: the merged result")
     args = ap.parse_args()
     args.pass_nodes = [int(x) for x in args.pass_nodes.split(",")]
-    if args.parts[0] == "merge":
-        res = merge(Path(args.parts[1]))
-        Path(args.out).write_text(json.dumps(res, indent=1))
-        print(json.dumps({k: v for k, v in res.items() if k != "parts"}, indent=1))
-        return 0
-    unknown = [p for p in args.parts if p not in PARTS]
-    if unknown:
-        print(f"bench/tlv.py: unknown part {unknown}", file=sys.stderr)
-        return 2
-    run_parts(PARTS, args.parts, args, args.out_dir, ("tau_ratio", "q_agreement", "forcing_passed"))
-    return 0
+    return parts_main("bench/tlv.py", PARTS, args, merge, ("tau_ratio", "q_agreement", "forcing_passed"))
 
 
 if __name__ == "__main__":

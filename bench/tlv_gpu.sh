@@ -8,13 +8,8 @@
 #   tau    bench/tlv.py tau on out/small: TLV against best-first:32 on 164 HumanEval prompts, token forcing
 # Usage (repository root, GPU machine, package installed): STEPS="qpass gemm" bash bench/tlv_gpu.sh DIR
 # Then, here: python bench/tlv.py merge DIR --out bench/results/tlv.json
-set -uo pipefail
-dir=${1:?usage: bash bench/tlv_gpu.sh DIR}
-mkdir -p "$dir"
-export PYTHONUNBUFFERED=1
-log() { echo "[$(date +%T)] $*" | tee -a "$dir/pipeline.log"; }
-steps=" ${STEPS:-tests qpass gemm build tau} "
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,clocks.max.sm --format=csv >"$dir/gpu.txt" 2>&1
+DEFAULT_STEPS="tests qpass gemm build tau"
+source "$(dirname "$0")/gpu_steps.sh"
 case $steps in *" tests "*)
     timeout "${TESTS_TIMEOUT:-240}" python -m pytest -q -p no:cacheprovider tests/gpu/test_w12_gemm_cuda.py -k view_only \
         >"$dir/gpu_tests.log" 2>&1
@@ -39,5 +34,4 @@ case $steps in *" tau "*)
         >"$dir/tau.log" 2>&1
     log "tau exit $?";;
 esac
-log "all done"
-(cd "$dir" && tar cf logs.tar ./*.log ./*.txt && rm -f ./*.log ./*.txt)  # few files come back from a lent machine
+finish

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_fastpath import LLAMA_8B, eight_b, forcing, requests, run_parts  # noqa: E402
+from gpu_fastpath import LLAMA_8B, eight_b, forcing, parts_main, requests  # noqa: E402
 
 from specpilot.engine.decode import generate  # noqa: E402
 from specpilot.engine.weights import apply  # noqa: E402
@@ -195,17 +195,7 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--prompts", type=int, default=32, help="force: HumanEval prompts")
     args = ap.parse_args()
-    if args.parts[0] == "merge":
-        res = merge(Path(args.parts[1]))
-        Path(args.out).write_text(json.dumps(res, indent=1))
-        print(json.dumps({k: v for k, v in res.items() if k != "parts"}, indent=1))
-        return 0
-    unknown = [p for p in args.parts if p not in PARTS]
-    if unknown or not torch.cuda.is_available():
-        print(f"bench/w12.py: {'unknown part ' + str(unknown) if unknown else 'needs a CUDA GPU'}", file=sys.stderr)
-        return 2
-    run_parts(PARTS, args.parts, args, args.out_dir, FIGURES)
-    return 0
+    return parts_main("bench/w12.py", PARTS, args, merge, FIGURES, needs_cuda=True)
 
 
 if __name__ == "__main__":

@@ -7,13 +7,8 @@
 #   ar hf force   bench/w12.py's parts (AR at the 8B shape through generate; Transformers; forcing)
 # STEPS picks them (default: all, in that order). Usage (repository root, GPU machine, package
 # installed): STEPS="gemm head" bash bench/w12_gpu.sh DIR : DIR holds each step's JSON and logs.tar, every log.
-set -uo pipefail
-dir=${1:?usage: bash bench/w12_gpu.sh DIR}
-mkdir -p "$dir"
-export PYTHONUNBUFFERED=1
-log() { echo "[$(date +%T)] $*" | tee -a "$dir/pipeline.log"; }
-steps=" ${STEPS:-tests gemm head ar hf force} "
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,clocks.max.sm --format=csv >"$dir/gpu.txt" 2>&1
+DEFAULT_STEPS="tests gemm head ar hf force"
+source "$(dirname "$0")/gpu_steps.sh"
 case $steps in *" tests "*)
     python -m pytest -q -p no:cacheprovider ${GPU_TESTS:-tests/gpu/test_w12_gemm_cuda.py tests/gpu/test_certified_head_cuda.py} \
         >"$dir/gpu_tests.log" 2>&1
@@ -31,5 +26,4 @@ if [ -n "$parts" ]; then
     # shellcheck disable=SC2086  # the part names, split on purpose
     python bench/w12.py $parts --out-dir "$dir" >"$dir/w12.log" 2>&1; log "w12.py$parts exit $?"
 fi
-log "all done"
-(cd "$dir" && tar cf logs.tar ./*.log ./*.txt && rm -f ./*.log ./*.txt)  # few files come back from a lent machine
+finish

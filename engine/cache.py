@@ -112,8 +112,8 @@ class StaticCache:
     The cache holds `lanes` requests side by side (a batch): lane b owns max_len slots, its own
     recurrent and conv state and its committed length `lengths[b]` (`length`: lane 0's, for a
     cache of one lane). A pass plans the same n rows in every lane (rows [lanes, n], each lane its
-    own tree), or n rows in some lanes only (`lane=`: a prefill, the other lanes untouched; an int,
-    or a device tensor of lane numbers, which lets one captured prefill serve every lane). A pass
+    own tree), or n rows in some lanes only (`lane=`: a prefill, the other lanes untouched; a device
+    tensor of lane numbers, which lets one captured prefill serve every lane). A pass
     may give each lane's count of real rows (`valid=`): the rows after them are padding (a prefill
     padded to a captured length), which writes K/V only past the real rows and leaves the
     recurrent state as the real rows leave it.
@@ -149,48 +149,38 @@ class StaticCache:
                 self.conv[i] = torch.zeros(lanes, cfg.linear_conv_kernel_dim - 1, conv_dim, device=device,
                                            dtype=dtype)
 
-    def reset(self, lane: int | torch.Tensor | None = None) -> None:
-        """Empty every lane, or one (an int or a device tensor of lane numbers)."""
+    def reset(self, lane: torch.Tensor | None = None) -> None:
+        """Empty every lane, or the lanes `lane` (a device tensor of lane numbers)."""
         for t in (self.lengths, *self.h.values(), *self.conv.values()):
-            if isinstance(lane, torch.Tensor):
-                t.index_fill_(0, lane, 0)
-            else:
-                t[slice(None) if lane is None else slice(lane, lane + 1)] = 0
+            t.zero_() if lane is None else t.index_fill_(0, lane, 0)
 
     def view(self, buf: torch.Tensor) -> torch.Tensor:
-        """A per-lane buffer ([lanes, ...]) as the planned pass sees it: every lane, or its lanes
-        (a copy when they are given as a tensor: write through `put`)."""
+        """A per-lane buffer ([lanes, ...]) as the planned pass sees it: every lane, or a copy of its
+        lanes (write through `put`)."""
         lane = self.ctx.lane
-        if isinstance(lane, torch.Tensor):
-            return buf.index_select(0, lane)
-        return buf if lane is None else buf[lane : lane + 1]
+        return buf if lane is None else buf.index_select(0, lane)
 
     def put(self, buf: torch.Tensor, value: torch.Tensor) -> None:
         """Write `value` (as `view(buf)` sees the planned pass's lanes) into buf."""
         lane = self.ctx.lane
-        if isinstance(lane, torch.Tensor):
-            buf.index_copy_(0, lane, value)
-        else:
-            self.view(buf).copy_(value)
+        buf.copy_(value) if lane is None else buf.index_copy_(0, lane, value)
 
     def plan(self, n: int, parents: torch.Tensor | None = None, depth: torch.Tensor | None = None,
              max_depth: int = 0, commit_all: bool = False, offset: int = 0, full: bool = False,
-             lane: int | torch.Tensor | None = None, valid: torch.Tensor | None = None) -> None:
+             lane: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> None:
         """Describe the next pass: n rows per lane, a tree by `parents` ([lanes, n] or [n] for one
         lane; node 0 the root, its own parent), `depth` and its largest possible depth, or a chain
         when parents is None (`full`: rows that all see each other, as a block drafter's).
         `offset` places the rows that many slots past the committed length, the rows between
-        counting as committed (a drafter's own chain). `lane`: the pass runs in that lane only (an
-        int) or in those lanes (a tensor). `valid` [lanes of the pass]: real rows of each lane, the
+        counting as committed (a drafter's own chain). `lane`: the pass runs in those lanes only (a
+        device tensor of lane numbers). `valid` [lanes of the pass]: real rows of each lane, the
         rest padding (commit_all passes)."""
         dev = self.lengths.device
         idx = torch.arange(n, device=dev)
-        if isinstance(lane, torch.Tensor):
-            L, batch = self.lengths.index_select(0, lane), lane[:, None]
-        elif lane is not None:
-            L, batch = self.lengths[lane : lane + 1], torch.arange(lane, lane + 1, device=dev)[:, None]
-        else:
+        if lane is None:
             L, batch = self.lengths, torch.arange(self.lanes, device=dev)[:, None]
+        else:
+            L, batch = self.lengths.index_select(0, lane), lane[:, None]
         L = L + offset if offset else L
         B = L.shape[0]
         if parents is None:
@@ -251,7 +241,7 @@ class Pass(NamedTuple):
     depth: torch.Tensor  # [B, n]
     conv_idx: torch.Tensor | None  # [B, K, n] (hybrids): each row's conv window, see gdn.conv_windows
     commit_all: bool
-    lane: int | torch.Tensor | None  # the lane (or lanes) a pass runs in, or None: every lane
+    lane: torch.Tensor | None  # the lanes a pass runs in, or None: every lane
     batch: torch.Tensor  # [B, 1]: the pass's lane numbers, for indexing per-lane buffers
     valid: torch.Tensor | None = None  # [B]: real rows of each lane (the rest: padding), or None: all
 

@@ -244,7 +244,7 @@ def pow2_runs(n: int) -> list[tuple[int, int]]:
 def admit_counts(n: int, lanes: int) -> list[int]:
     """The prompt counts a prefill of bucket n may run (generate_batch admits passes of 2^k prompts,
     at most ADMIT_ROWS rows unless alone): 1, 2, 4, … up to the lanes."""
-    return [1 << k for k in range(lanes.bit_length()) if 1 << k <= lanes and (k == 0 or n << k <= ADMIT_ROWS)]
+    return [1 << k for k in range(lanes.bit_length()) if k == 0 or n << k <= ADMIT_ROWS]
 
 
 def on_device(dev: torch.device):
@@ -524,13 +524,12 @@ class FastDecoder:
             if lattice is not None:
                 self._load(lattice)
                 self._upload()
-            if ahead:
+            if ahead:  # the next step runs while this one is read
                 self._launch(1 - k)
-                self.events[k].synchronize()
-                vals, k = self.host_out[k][0].tolist(), 1 - k  # the step's one read (queued by _launch)
+                vals, k = self._read(k)[0], 1 - k  # the step's one read
             else:
-                self.graph.replay() if self.graph is not None else self.fn()
-                vals = self.out[0].tolist()  # the step's one read
+                self._launch(k)
+                vals = self._read(k)[0]
             tau, drafted, positions, committed, bonus = vals[0], vals[1], vals[2], vals[3 : 3 + vals[0]], vals[-1]
             emitted = committed[1:] + [bonus]
             if record is not None:
@@ -541,7 +540,7 @@ class FastDecoder:
             res.steps.append(Step(tau=tau, drafted=drafted, t_draft=0.0, t_verify=time.perf_counter() - ta,
                                   t_commit=0.0, rows=self.spec.rows, positions=positions))
         if ahead and res.steps:
-            self.events[k].synchronize()
+            self._read(k)
         res.decode_s = time.perf_counter() - t1
         return res
 
@@ -574,9 +573,9 @@ class FastDecoder:
 
         def admit() -> None:  # waiting prompts into free lanes, a pass per group of ≤ ADMIT_ROWS rows
             while waiting and None in held:
-                group: list[tuple[int, int]] = []  # (lane, request)
+                group, widest = [], 0  # (lane, request) pairs; the longest prompt among them
                 for lane in (x for x, i in enumerate(held) if i is None):
-                    widest = max(len(prompts[i]) for i in [waiting[-1], *(i for _, i in group)])
+                    widest = max(widest, len(prompts[waiting[-1]]))
                     if group and (len(group) + 1) * bucket(widest, self.cache.max_len) > ADMIT_ROWS:
                         break
                     group.append((lane, waiting.pop()))
@@ -615,12 +614,11 @@ class FastDecoder:
                 self._upload()
             if ahead:  # launch step `launched`, read step `launched - 1`
                 self._launch(1 - k)
-                rows, k = self._read(k), 1 - k  # the step's one read, for every lane
-                step, launched = launched - 1, launched + 1
+                rows, k, step = self._read(k), 1 - k, launched - 1  # the step's one read, for every lane
             else:
-                self.graph.replay() if self.graph is not None else self.fn()
-                rows = self.out.tolist()  # the step's one read, for every lane
-                step, launched = launched, launched + 1
+                self._launch(k)
+                rows, step = self._read(k), launched
+            launched += 1
             wall = time.perf_counter() - ta
             mine = [(lane, i) for lane, i in enumerate(held) if i is not None and since[lane] <= step]
             for lane, i in mine:
