@@ -5,8 +5,9 @@
 #   gemm    bench/w12_gemm.py: W12 GEMM and the bf16 streaming GEMM against cuBLAS, in CUDA graphs
 #   head    bench/certified_head.py: the certified head against the dense one at 1, 8, 64 rows
 #   ar hf force   bench/w12.py's parts (AR at the 8B shape through generate; Transformers; forcing)
-# STEPS picks them (default: all, in that order). Usage (repository root, GPU machine, package
-# installed): STEPS="gemm head" bash bench/w12_gpu.sh DIR : DIR holds each step's JSON and logs.tar, every log.
+# STEPS picks them (default: all, in that order); GEMM_ARGS adds options to w12_gemm.py (--no-sweep, say).
+# Usage (repository root, GPU machine, package installed): STEPS="gemm head" bash bench/w12_gpu.sh DIR :
+# DIR holds each step's JSON and logs.tar, every log.
 DEFAULT_STEPS="tests gemm head ar hf force"
 source "$(dirname "$0")/gpu_steps.sh"
 case $steps in *" tests "*)
@@ -15,7 +16,8 @@ case $steps in *" tests "*)
     log "GPU tests exit $?";;
 esac
 case $steps in *" gemm "*)
-    python bench/w12_gemm.py --out "$dir/w12_gemm.json" >"$dir/w12_gemm.log" 2>&1; log "gemm exit $?";;
+    # shellcheck disable=SC2086  # GEMM_ARGS: more options, split on purpose
+    python bench/w12_gemm.py --out "$dir/w12_gemm.json" ${GEMM_ARGS:-} >"$dir/w12_gemm.log" 2>&1; log "gemm exit $?";;
 esac
 case $steps in *" head "*)
     python bench/certified_head.py --out "$dir/certified_head.json" >"$dir/certified_head.log" 2>&1; log "head exit $?";;

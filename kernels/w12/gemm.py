@@ -54,6 +54,39 @@ LAUNCHED = ("_w12_gemm", "_bf16_gemm")
 assert (RECORD_BYTES, VIEW_BYTES, RECORD_K, RECORD_N, MIDPOINT) == (12288, 8192, 64, 128, 0x8)
 
 
+# The W12 decode of four view pairs and their low bytes, two weights a 32-bit operation (`_decode_pairs`;
+# tests/unit/test_kernels_w12_gemm.py runs this text in a small PTX interpreter against format.decode).
+DECODE_ASM = """
+{
+.reg .b32 p, s, l, h;
+prmt.b32 l, $6, 0, 0x4140;
+shr.u32 h, l, 4;
+prmt.b32 p, $4, 0, 0x4240;
+and.b32 s, p, 0x00800080;
+mad.lo.u32 p, p, 16, $7;
+mad.lo.u32 p, s, 240, p;
+lop3.b32 $0, l, 0x000F000F, p, 0xEA;
+prmt.b32 p, $4, 0, 0x4341;
+and.b32 s, p, 0x00800080;
+mad.lo.u32 p, p, 16, $7;
+mad.lo.u32 p, s, 240, p;
+lop3.b32 $2, h, 0x000F000F, p, 0xEA;
+prmt.b32 l, $6, 0, 0x4342;
+shr.u32 h, l, 4;
+prmt.b32 p, $5, 0, 0x4240;
+and.b32 s, p, 0x00800080;
+mad.lo.u32 p, p, 16, $8;
+mad.lo.u32 p, s, 240, p;
+lop3.b32 $1, l, 0x000F000F, p, 0xEA;
+prmt.b32 p, $5, 0, 0x4341;
+and.b32 s, p, 0x00800080;
+mad.lo.u32 p, p, 16, $8;
+mad.lo.u32 p, s, 240, p;
+lop3.b32 $3, h, 0x000F000F, p, 0xEA;
+}
+"""
+
+
 def available() -> bool:
     return triton is not None
 
@@ -131,6 +164,7 @@ def _sms(device) -> int:
 
 
 if triton is not None:
+    _DECODE_ASM = tl.constexpr(DECODE_ASM)  # a jitted function reads only constexpr globals
 
     @triton.jit
     def _finish(acc, out, part, count, t, s, M, N, stride_om, TILES, BM: tl.constexpr, S: tl.constexpr):
@@ -163,6 +197,19 @@ if triton is not None:
         return tl.dot(a, b, acc)
 
     @triton.jit
+    def _decode_pairs(v, b, lo7):
+        """The even and the odd weights (bf16 bits, int16) of view pairs v (int16: even view in the low
+        byte) with their low bytes b (uint8: even nibble low) and lo7 = lo << 7 (int16), two weights
+        a 32-bit operation. Four elements an instance: the views spread to 16-bit lanes (prmt), then in
+        each lane bits = view·16 + lo7 + (view & 0x80)·240 + low nibble, which is format.py's decode
+        (the sign moved from bit 11 to bit 15) with no carry across lanes (the sum stays under 2^16).
+        $0–$3 out, $4 $5 the views, $6 the low bytes, $7 $8 lo7."""
+        return tl.inline_asm_elementwise(
+            asm=_DECODE_ASM,
+            constraints="=r,=r,=r,=r,r,r,r,r,r",
+            args=[v, b, lo7], dtype=(tl.int16, tl.int16), is_pure=True, pack=4)
+
+    @triton.jit
     def _w12_step(acc, r, tile16, tile8, in16, in8, lo7, xm32, m_ok, j, K, TK, R: tl.constexpr,
                   INTERPRET: tl.constexpr, QUICK: tl.constexpr):
         """acc + the product of records r … r + R − 1 of a tile with their inputs of x. A record's view,
@@ -171,14 +218,18 @@ if triton is not None:
         midpoint (format.MIDPOINT in both nibbles), the low bytes never read."""
         for q in tl.static_range(R):
             ok = r + q < TK
-            v = tl.load(tile16 + (r + q) * 6144 + in16, mask=ok, other=0).to(tl.int32)
+            v = tl.load(tile16 + (r + q) * 6144 + in16, mask=ok, other=0)
             if QUICK:
-                b = tl.full((128, 32), 0x88, tl.int32)
+                b = tl.full((128, 32), 0x88, tl.uint8)
             else:
-                b = tl.load(tile8 + (r + q) * 12288 + in8, mask=ok, other=0).to(tl.int32)
-            ve, vo = v & 0xFF, (v >> 8) & 0xFF
-            we = (((ve & 0x80) << 8) | (((ve & 0x7F) << 4) + lo7) | (b & 0xF)).to(tl.int16)
-            wo = (((vo & 0x80) << 8) | (((vo & 0x7F) << 4) + lo7) | ((b >> 4) & 0xF)).to(tl.int16)
+                b = tl.load(tile8 + (r + q) * 12288 + in8, mask=ok, other=0)
+            if INTERPRET:  # the interpreter runs no assembly: the same decode, one weight at a time
+                v, b = v.to(tl.int32), b.to(tl.int32)
+                ve, vo = v & 0xFF, (v >> 8) & 0xFF
+                we = (((ve & 0x80) << 8) | (((ve & 0x7F) << 4) + lo7) | (b & 0xF)).to(tl.int16)
+                wo = (((vo & 0x80) << 8) | (((vo & 0x7F) << 4) + lo7) | ((b >> 4) & 0xF)).to(tl.int16)
+            else:
+                we, wo = _decode_pairs(v, b, lo7.to(tl.int16))
             pair = (r + q) * 32 + j  # x's inputs 2·pair, 2·pair + 1 as one int32
             xx = tl.load(xm32 + pair[:, None], mask=m_ok & (2 * pair < K)[:, None], other=0)
             xe = (xx & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)

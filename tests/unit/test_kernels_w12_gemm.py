@@ -183,3 +183,64 @@ def test_ulps_orders_bf16_values_and_skips_entries_below_the_floor():
     flipped = torch.tensor([1.0, -2.0, -1e-6, -0.0], dtype=torch.bfloat16)
     assert ulps(flipped, ref) > 1000  # a sign flip near zero is thousands of ulps
     assert ulps(flipped, ref, scale_floor(ref)) == 0
+
+
+def _ptx(asm: str, regs: dict) -> dict:
+    """Runs the straight-line PTX of gemm.DECODE_ASM over int64 arrays of 32-bit register values: the
+    five instructions it uses, as the PTX manual defines them."""
+    m32 = 0xFFFFFFFF
+    val = lambda tok: regs[tok] if tok in regs else int(tok, 0)
+    for line in asm.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        op, rest = line.split(None, 1)
+        d, *args = [t.strip() for t in rest.split(",")]
+        a = [val(t) for t in args]
+        if op == "prmt.b32":  # bytes of {b, a} picked by the selector's nibbles (no sign replication here)
+            src = [(a[0] >> (8 * i)) & 0xFF for i in range(4)] + [(a[1] >> (8 * i)) & 0xFF for i in range(4)]
+            assert all(((a[2] >> (4 * i)) & 0x8) == 0 for i in range(4)), line
+            r = sum(src[(a[2] >> (4 * i)) & 0x7] << (8 * i) for i in range(4))
+        elif op == "shr.u32":
+            r = a[0] >> a[1]
+        elif op == "and.b32":
+            r = a[0] & a[1]
+        elif op == "mad.lo.u32":
+            r = (a[0] * a[1] + a[2]) & m32
+        elif op == "lop3.b32":  # bit i of the result: the table's bit at index (a_i·4 + b_i·2 + c_i)
+            lut = a[3]
+            r = sum(((lut >> (((a[0] >> i) & 1) * 4 + ((a[1] >> i) & 1) * 2 + ((a[2] >> i) & 1))) & 1) << i
+                    for i in range(32))
+        else:
+            raise AssertionError(f"the PTX interpreter does not know {op}")
+        regs[d] = r & m32
+    return regs
+
+
+def test_the_decode_assembly_is_format_decode():
+    """The compiled kernel decodes with gemm.DECODE_ASM (the interpreter cannot run assembly). Its text,
+    run by a small PTX interpreter, equals format.decode on every view pair (65,536) with low bytes and
+    windows drawn at random, four elements an instance as Triton packs them ($4 $5: two int16 each,
+    $6: four bytes, $7 $8: lo << 7 as two int16 each; $0 $1 the even weights, $2 $3 the odd ones)."""
+    import numpy as np
+    import torch
+
+    from specpilot.kernels.w12 import format as F
+    from specpilot.kernels.w12.gemm import DECODE_ASM
+
+    rng = np.random.default_rng(0)
+    v = rng.permutation(1 << 16).reshape(-1, 4).astype(np.int64)  # every pair of views once
+    b = rng.integers(0, 256, v.shape)
+    lo = rng.integers(1, 240, v.shape)
+    lo[:3] = [[1, 1, 1, 1], [239, 239, 239, 239], [1, 239, 120, 2]]  # the window's ends
+    pair = lambda x, i: x[:, i] | (x[:, i + 1] << 16)
+    regs = {"$4": pair(v, 0), "$5": pair(v, 2), "$6": b[:, 0] | b[:, 1] << 8 | b[:, 2] << 16 | b[:, 3] << 24,
+            "$7": pair(lo << 7, 0), "$8": pair(lo << 7, 2)}
+    out = _ptx(DECODE_ASM, regs)
+    lanes = lambda r0, r1: np.stack([out[r0] & 0xFFFF, out[r0] >> 16, out[r1] & 0xFFFF, out[r1] >> 16], 1)
+    got = {"even": lanes("$0", "$1"), "odd": lanes("$2", "$3")}
+    for name, view, low in (("even", v & 0xFF, b & 0xF), ("odd", v >> 8, b >> 4)):
+        want = F.decode(torch.from_numpy(view.reshape(-1, 1)), torch.from_numpy(low.reshape(-1, 1)),
+                        torch.from_numpy(lo.reshape(-1)))
+        want = (want.view(torch.int16).to(torch.int64) & 0xFFFF).numpy().reshape(view.shape)
+        assert np.array_equal(got[name], want), f"{name} weights: {int((got[name] != want).sum())} differ"
