@@ -405,8 +405,10 @@ def bf16_linear(x: torch.Tensor, w: torch.Tensor, config: Config | None = None, 
 
 def configs(m: int, n: int, k: int, sms: int) -> list[Config]:
     """A few configs around the heuristic's, for a sweep: splits halved and doubled, 64- and
-    256-input steps (the latter in 8 warps, 2 stages: shared memory), 8 warps, 4 stages."""
+    256-input steps (the latter in 8 warps, 2 stages: shared memory), 8 warps, 4 and 5 stages, and
+    twice the splits with 4 stages (more bytes in flight a multiprocessor)."""
     base = heuristic(m, n, k, sms)
     out = [base, replace(base, splits=max(1, base.splits // 2)), replace(base, splits=base.splits * 2),
-           replace(base, bk=64), replace(base, bk=256, warps=8, stages=2), replace(base, stages=4), replace(base, warps=8)]
+           replace(base, bk=64), replace(base, bk=256, warps=8, stages=2), replace(base, stages=4), replace(base, warps=8),
+           replace(base, stages=5), replace(base, splits=base.splits * 2, stages=4)]
     return list(dict.fromkeys(out))
