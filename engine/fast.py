@@ -332,23 +332,30 @@ class FastDecoder:
     # ---- the step (captured) ----------------------------------------------------------------
     def _tree(self) -> treeops.TreeRows:
         """Every lane's tree, fields [lanes, R]."""
-        B = self.lanes
         if self.drafter is None:
-            z = torch.zeros(B, 1, dtype=torch.long, device=self.dev)
-            return treeops.TreeRows(self.root[:, None], z, z, torch.ones(B, 1, dtype=torch.bool, device=self.dev))
-        if self.device_draft is not None:
-            tok, logp, trans = self.device_draft.propose(self.root)
-            self.lat[0].copy_(tok), self.lat[1].copy_(logp)
-            if trans is not None:
-                self.lat[2].copy_(trans)
-        else:  # a host drafter without transitions: a chain takes each position's top-1, no walk
-            trans = self.lat[2] if self.host.transitions else None
+            z = torch.zeros(self.lanes, 1, dtype=torch.long, device=self.dev)
+            return treeops.TreeRows(self.root[:, None], z, z, torch.ones(self.lanes, 1, dtype=torch.bool, device=self.dev))
+        return self._build_tree(self._propose())
+
+    def _propose(self) -> bool:
+        """The drafter's lattice of every lane into `lat` (a host drafter's is there already);
+        whether it carries transitions."""
+        if self.device_draft is None:  # a host drafter without transitions: a chain takes each position's top-1
+            return self.host.transitions
+        tok, logp, trans = self.device_draft.propose(self.root)
+        self.lat[0].copy_(tok), self.lat[1].copy_(logp)
+        if trans is not None:
+            self.lat[2].copy_(trans)
+        return trans is not None
+
+    def _build_tree(self, transitions: bool) -> treeops.TreeRows:
+        """Every lane's tree from the lattice in `lat`: the policy's rows (row selection included)."""
         tok, logp = self.lat[0], self.lat[1]
         if self.options is not None:  # each lane's draft length: later positions are no candidates
             sure = draft_lengths.confident(tok, logp)
             self.positions.copy_(draft_lengths.pick(self.options, self.recent, sure))
             tok, logp = draft_lengths.clip(tok, logp, self.positions)
-        trans = None if trans is None else self.lat[2]
+        trans = self.lat[2] if transitions else None
         if self.spec.kind == "shared":
             return treeops.build_shared(self.spec, self.root, tok, logp, trans, self.active)
         return treeops.build_lanes(self.spec, self.root, tok, logp, trans, self.tables)

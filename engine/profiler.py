@@ -366,8 +366,9 @@ def class_times(dec, reps: int = 30) -> dict[str, ClassStat]:
     CUDA graph and timed over `reps` replays with CUDA events (no host in the measurement: the
     kernel factor describes the device). On the CPU (the driver run eagerly, for tests) the same
     operations are timed with perf_counter. Bytes and FLOPs are counted from the same shapes as the
-    eager profiler's. The tree is the decoder's own (`_tree`: its policy, row selection included)
-    less the drafter's proposal inside it."""
+    eager profiler's. The tree is the decoder's own (`_build_tree`: its policy, row selection
+    included), timed alone from a lattice the drafter has already proposed (the proposal's time is
+    the drafter's class)."""
     from . import treeops
     from .gdn import tree_gated_delta_rule
     from .model import attend
@@ -416,23 +417,22 @@ def class_times(dec, reps: int = 30) -> dict[str, ClassStat]:
             _device_time(lambda: [tree_gated_delta_rule(*qk, v, gate, beta, cache.h[i], anc) for i in gdn], dev, reps),
             len(gdn) * B * (2 * H * dk * dv * se + R * (2 * dk + 2 * dv) * H * se),
             len(gdn) * 4.0 * B * R * H * dk * dv)
-    drafting = 0.0
     if dec.device_draft is not None:
         dd, lengths = dec.device_draft, dec.device_draft.cache.lengths.clone()
-        drafting = _device_time(lambda: dd.propose(dec.root), dev, reps)
-        out["drafter"] = ClassStat(drafting)
+        out["drafter"] = ClassStat(_device_time(lambda: dd.propose(dec.root), dev, reps))
         dd.cache.lengths.copy_(lengths)
     if dec.drafter is not None:
         active = dec.active.clone()
         dec.active.fill_(1)  # every lane busy, as in a full batch's step (a shared budget spans the busy lanes)
+        lengths = dec.device_draft.cache.lengths.clone() if dec.device_draft is not None else None
+        transitions = dec._propose()  # the lattice the tree is built from; its own time is the drafter's
 
         def tree():
-            rows = dec._tree()  # every lane's tree, fields [B, R]
+            rows = dec._build_tree(transitions)  # every lane's tree, fields [B, R]
             if dec.spec.kind != "chain":
                 cache.plan(R, rows.parents, rows.depth, dec.spec.max_depth)
             return rows
-        lengths = dec.device_draft.cache.lengths.clone() if dec.device_draft is not None else None
-        out["tree_build"] = ClassStat(max(_device_time(tree, dev, reps) - drafting, 0.0))
+        out["tree_build"] = ClassStat(_device_time(tree, dev, reps))
         rows, logits = tree(), rnd(B, R, cfg.vocab_size)
         if lengths is not None:
             dec.device_draft.cache.lengths.copy_(lengths)
