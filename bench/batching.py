@@ -45,13 +45,14 @@ SMALL_DENSE = dict(family="llama", vocab_size=16384, hidden_size=512, intermedia
 
 def breakdown(res, total: float) -> dict:
     """Where a run's wall time went: the prefill passes (each counted once, however many requests
-    it admitted), the decode steps (each step's wall, replay to read, counted once however many
+    it admitted; a prompt admitted into verify steps has none), the decode steps (each step's wall, replay to read, counted once however many
     lanes shared it) and the rest (the host's bookkeeping between steps)."""
     steps = [s for r in res for s in r.steps]
     n = sum(1 / max(1, s.lanes) for s in steps)
     wall = [s.t_draft + s.t_quick + s.t_verify + s.t_commit for s in steps]  # the static driver times all in t_verify
     step_s = sum(w / max(1, s.lanes) for w, s in zip(wall, steps))
-    prefill = sum(r.prefill_s / getattr(r, "prefill_with", 1) for r in res)  # older engines: a pass a request
+    prefill = sum(r.prefill_s / getattr(r, "prefill_with", 1) for r in res  # older engines: a pass a request
+                  if not getattr(r, "prefill_steps", 0))  # a prompt fed in verify steps: in their walls
     walls = sorted(wall)
     return {"steps": round(n), "prefill_s": round(prefill, 4), "step_s": round(step_s, 4),
             "other_s": round(total - prefill - step_s, 4),
@@ -69,6 +70,10 @@ def main(argv=None) -> int:
                     "best-first:8, shared:8:16) instead of a chain")
     ap.add_argument("--draft-len", type=int, default=8, help="drafted positions per step")
     ap.add_argument("--draft-lens", default=None, metavar="L,L,...", help="per-request draft lengths (EngineConfig)")
+    ap.add_argument("--admit-steps", type=int, default=0, metavar="K", help="prompt admission (EngineConfig): a "
+                    "prompt whose prefill fits K verify steps rides a busy batch's steps")
+    ap.add_argument("--ragged", action="store_true", help="token limits spread over [new_tokens / 4, new_tokens] "
+                    "(the same at every batch size): lanes free up while others decode, as under a queue")
     ap.add_argument("--modes", default="ar,chain,block", help="ar | chain (the n-gram drafter) | block (a random "
                     "block drafter on the device, or --zoo's --drafter)")
     ap.add_argument("--zoo", default=None, metavar="DIR", help="a zoo folder: its trained dense pair on HumanEval prompts")
@@ -84,10 +89,14 @@ def main(argv=None) -> int:
         reqs = [Request(id=f"p{i}", prompt_ids=tuple(torch.randint(1, 16000, (a.prompt_len,), generator=g).tolist()),
                         max_new_tokens=a.new_tokens) for i in range(a.prompts)]
         shape = "zoo small dense (random bf16)"
+    if a.ragged:
+        g = torch.Generator().manual_seed(1)
+        reqs = [dataclasses.replace(r, max_new_tokens=int(torch.randint(max(1, a.new_tokens // 4), a.new_tokens + 1,
+                                                                        (1,), generator=g))) for r in reqs]
     out = {"command": " ".join(["python"] + sys.argv), "device": torch.cuda.get_device_name() if dev == "cuda" else
            "cpu", "date": datetime.date.today().isoformat(), "git_sha": git_sha(), "torch": torch.__version__,
            "shape": shape, "prompts": len(reqs), "prompt_len": None if a.zoo else a.prompt_len,
-           "new_tokens": a.new_tokens, "runs": []}
+           "new_tokens": a.new_tokens, "ragged": a.ragged, "admit_steps": a.admit_steps, "runs": []}
     with tempfile.TemporaryDirectory() as tmp:
         if a.zoo:
             target, block = str(Path(a.zoo) / "dense"), str(Path(a.zoo) / a.drafter)
@@ -101,7 +110,8 @@ def main(argv=None) -> int:
             extra = {"tree": a.tree} if a.tree and mode != "ar" else {}
             extra.update({"draft_lens": a.draft_lens} if a.draft_lens and mode != "ar" else {})
             eng = Engine(EngineConfig(target=target, drafter=drafter, mode="ar" if mode == "ar" else spec_mode, draft_len=a.draft_len,
-                                      dtype="bfloat16", device=dev, max_new_tokens=a.new_tokens, **extra))
+                                      dtype="bfloat16", device=dev, max_new_tokens=a.new_tokens,
+                                      admit_steps=a.admit_steps, **extra))
             ref = None
             for b in batches:
                 eng.generate_batch(reqs[: max(b, 2)], b) if b > 1 else eng.generate(reqs[0])  # build + capture
@@ -117,6 +127,7 @@ def main(argv=None) -> int:
                        "verified_rows_per_step": round(sum(s.rows for r in res for s in r.steps) /
                                                        max(1, sum(len(r.steps) for r in res)), 2),
                        "equal_to_batch_1": None if ref is None else sum(x == y for x, y in zip(toks, ref)),
+                       "fed_prompts": sum(1 for r in res if getattr(r, "prefill_steps", 0)),
                        **breakdown(res, wall)}
                 out["runs"].append(row)
                 print(json.dumps(row), flush=True)

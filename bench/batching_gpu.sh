@@ -5,6 +5,9 @@
 #   batching  bench/batching.py: tokens/s at each batch size, AR, the n-gram chain, a device block drafter
 #   rows      bench/batching.py with the block drafter verifying trees: equal per-request trees
 #             (best-first:8) and a shared budget (shared:8:16) at batch 1 and 16 (capture + compile on CUDA)
+#   admit     bench/batching.py with ragged token limits at batch 16, AR and the device block drafter, prompt
+#             admission off and at ADMIT verify steps (default 2; prompts of PROMPT_LEN tokens, default 16: the
+#             drafter's chain of draft length 8 feeds 9 prompt tokens a step, so they fit 2; AR feeds 1, so none fits)
 #   build     the zoo's small dense pair on the GPU (specpilot zoo build --preset small --roles dense → out/small;
 #             about 300 s on an H100), skipped when out/small/dense exists
 #   zoo       bench/batching.py --zoo out/small: AR and the block + Markov drafter at batch 1 and 16 on HumanEval
@@ -32,6 +35,13 @@ case $steps in *" rows "*)
         timeout "${ROWS_TIMEOUT:-120}" python bench/batching.py --modes block --tree "$t" --batches 1,16 \
             --out "$dir/rows_${t//:/_}.json" >"$dir/rows_${t//:/_}.log" 2>&1
         echo "rows $t exit $?" >>"$dir/rows_${t//:/_}.log"
+    done;;
+esac
+case $steps in *" admit "*)
+    for k in 0 "${ADMIT:-2}"; do
+        timeout "${ADMIT_TIMEOUT:-150}" python bench/batching.py --modes ar,block --batches 16 --ragged --prompts 64 \
+            --prompt-len "${PROMPT_LEN:-16}" --admit-steps "$k" --out "$dir/admit_$k.json" >"$dir/admit_$k.log" 2>&1
+        echo "admit $k exit $?" >>"$dir/admit_$k.log"
     done;;
 esac
 case $steps in *" build "*)

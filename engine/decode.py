@@ -63,6 +63,7 @@ class Result:
     steps: list[Step] = field(default_factory=list)
     prefill_s: float = 0.0  # the prefill pass this request waited for
     prefill_with: int = 1  # requests admitted with it, between the same two steps (prefill_s is theirs together)
+    prefill_steps: int = 0  # verify steps its prompt rode in (prompt admission; prefill_s: until its first token)
     decode_s: float = 0.0
     driver: str = "eager"  # the driver that decoded it: eager | static
 

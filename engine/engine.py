@@ -34,6 +34,9 @@ class EngineConfig:
     # per-request draft length: the lengths ("16,12,8", each ≤ draft_len) a request picks from, each
     # step, by its recent acceptance (engine/lengths.py); None: every request drafts draft_len
     draft_lens: str | None = None
+    # prompt admission at batch > 1: a waiting prompt whose prefill fits this many verify steps rides
+    # a busy batch's steps in its lane's rows (no prefill pass); 0: every prompt gets a prefill pass
+    admit_steps: int = 0
     dtype: str = "float32"
     device: str = "cpu"
     max_new_tokens: int = 64
@@ -80,6 +83,11 @@ class EngineConfig:
             if self.driver == "eager":
                 raise ValueError(f"draft_lens {self.draft_lens!r}: runs on the static driver; driver 'eager' "
                                  "cannot run it (use 'auto' or 'static')")
+        if not isinstance(self.admit_steps, int) or isinstance(self.admit_steps, bool) or self.admit_steps < 0:
+            raise ValueError(f"admit_steps {self.admit_steps!r}: expected a count of verify steps ≥ 0 (0: no admission)")
+        if self.admit_steps and self.driver == "eager":
+            raise ValueError(f"admit_steps {self.admit_steps}: batched decoding runs the static driver; driver 'eager' "
+                             "cannot run it (use 'auto' or 'static')")
         if self.mode == "tlv":
             check_tlv(self.tlv_nodes, self.tlv_q_depth)
             if self.driver == "static":
@@ -229,7 +237,8 @@ class Engine:
         lanes = min(batch, len(requests))
         t0 = time.perf_counter()
         dec = fast.decoder(self.target, self.drafter, self.cfg.draft_len, self.policy, self.bias,
-                           max(len(p) + n for p, n in zip(prompts, limits)), lanes, self.lengths)
+                           max(len(p) + n for p, n in zip(prompts, limits)), lanes, self.lengths,
+                           self.cfg.admit_steps)
         out = dec.generate_batch(prompts, limits, progress=progress)
         self._slow(t0)
         return out

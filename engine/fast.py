@@ -16,10 +16,12 @@ this path (driver "auto") whenever the target is on a CUDA device and `unsupport
 on the CPU the eager driver (decode.py) runs unless driver "static" is asked for, and tests run
 this one eagerly there (no graphs, no compile), in float64, against it.
 
-At batch > 1 (lanes) two row-selection rules are options of a decoder: a shared node budget (the
+At batch > 1 (lanes) three row-selection rules are options of a decoder: a shared node budget (the
 tree policy `shared:N:C`, treeops.build_shared: one best-first selection over every lane's
-lattice) and a per-request draft length (`lengths`, engine/lengths.py: each lane caps the positions
-its tree may use, from its recent acceptance). Every lane still plans the same rows (static
+lattice), a per-request draft length (`lengths`, engine/lengths.py: each lane caps the positions
+its tree may use, from its recent acceptance), and prompt admission (`admit_steps`: a waiting
+prompt that fits that many steps rides a busy batch's steps in its lane's rows, `_feeding`,
+instead of a prefill pass). Every lane still plans the same rows (static
 shapes), so a step's record says what the pass verified (`Step.rows`: every lane's rows, padding
 and idle lanes included) beside what each request drafted (`Step.drafted`, `Step.positions`).
 
@@ -262,16 +264,20 @@ class FastDecoder:
 
     def __init__(self, target: Model, drafter: Drafter | None = None, draft_len: int = 8, policy=None,
                  max_len: int = 1024, graphs: bool | None = None, compile: bool | None = None,
-                 logit_bias: torch.Tensor | None = None, lanes: int = 1, lengths: tuple[int, ...] | None = None):
+                 logit_bias: torch.Tensor | None = None, lanes: int = 1, lengths: tuple[int, ...] | None = None,
+                 admit_steps: int = 0):
         if lanes < 1:
             raise ValueError(f"lanes {lanes}: a decoder runs at least one request")
         if lengths is not None and (drafter is None or not lengths or min(lengths) < 1):
             raise ValueError(f"lengths {lengths!r}: positive draft lengths, for a decoder with a drafter")
+        if not isinstance(admit_steps, int) or isinstance(admit_steps, bool) or admit_steps < 0:
+            raise ValueError(f"admit_steps {admit_steps!r}: expected a count of verify steps ≥ 0 (0: no admission)")
         with on_device(target.lm_head_weight.device):
-            self._build(target, drafter, draft_len, policy, max_len, graphs, compile, logit_bias, lanes, lengths)
+            self._build(target, drafter, draft_len, policy, max_len, graphs, compile, logit_bias, lanes, lengths,
+                        admit_steps)
 
     def _build(self, target, drafter, draft_len, policy, max_len, graphs, compile, logit_bias, lanes,
-               lengths=None) -> None:
+               lengths=None, admit_steps=0) -> None:
         dev = target.lm_head_weight.device
         self.target, self.dev, self.drafter, self.lanes = target.fuse(), dev, drafter, lanes
         self.graphs = dev.type == "cuda" if graphs is None else graphs
@@ -306,6 +312,14 @@ class FastDecoder:
         self.positions = torch.full((lanes,), self.m, dtype=torch.long, device=dev)
         # a step's result per lane: [τ, drafted nodes, usable positions, accepted path rows..., bonus]
         self.out = torch.zeros(lanes, 4 + self.path_len, dtype=torch.long, device=dev)
+        # prompt admission: a prompt whose prefill fits `admit_steps` verify steps rides in a busy
+        # batch's steps, `feed` rows a step in its lane's rows (its tokens, its length, the tokens
+        # already in the cache); 0: every prompt gets a prefill pass
+        self.admit_steps, self.feed = admit_steps, min(self.spec.rows, self.path_len)
+        if admit_steps:
+            self.feed_tok = torch.zeros(lanes, max_len + 1, dtype=torch.long, device=dev)
+            self.feed_len = torch.zeros(lanes, dtype=torch.long, device=dev)
+            self.fed = torch.zeros(lanes, dtype=torch.long, device=dev)
         self.rec = None  # (tree rows, argmax) of the last step, for records
         self.staging = None  # pinned host copies of the lattice buffers (host drafters)
         # a prefill of A prompts: its inputs [A lanes, A real lengths, A × n tokens (the prompts
@@ -360,8 +374,26 @@ class FastDecoder:
             return treeops.build_shared(self.spec, self.root, tok, logp, trans, self.active)
         return treeops.build_lanes(self.spec, self.root, tok, logp, trans, self.tables)
 
+    def _feeding(self, tree: treeops.TreeRows):
+        """Every lane's rows with the prompt rows of the lanes still feeding a prompt: their next
+        ≤ `feed` prompt tokens as a chain (the rows past them: padding children of the root).
+        Returns the rows, which lanes feed [B] and how many prompt tokens each feeds [B]."""
+        idx = torch.arange(tree.tokens.shape[1], device=self.dev)
+        count = (self.feed_len - self.fed).clamp(0, self.feed)  # [B]
+        feeding = count > 0
+        tok = self.feed_tok.gather(1, (self.fed[:, None] + idx).clamp(max=self.feed_tok.shape[1] - 1))
+        chain = idx < self.feed
+        f = feeding[:, None]
+        rows = treeops.TreeRows(torch.where(f, tok, tree.tokens),
+                                torch.where(f, torch.where(chain, (idx - 1).clamp_min(0), 0), tree.parents),
+                                torch.where(f, torch.where(chain, idx, 1), tree.depth),
+                                torch.where(f, idx < count[:, None], tree.valid))
+        return rows, feeding, count
+
     def _step(self):
         tree = self._tree()
+        if self.admit_steps:
+            tree, feeding, count = self._feeding(tree)
         R = self.spec.rows
         if self.spec.kind == "chain":  # a chain's ancestors are every earlier row
             self.cache.plan(R)
@@ -371,19 +403,31 @@ class FastDecoder:
         argmax = out.argmax if self.bias is None else (out.logits + self.bias).argmax(-1)  # [lanes, R]
         anc = self.cache.ctx.anc
         path, tau = treeops.accept(tree, argmax, anc, self.path_len)  # [lanes, D], [lanes]
+        if self.admit_steps:  # a feeding lane keeps its prompt rows
+            path = torch.where(feeding[:, None], torch.arange(self.path_len, device=self.dev), path)
+            tau = torch.where(feeding, count, tau)
         tau = tau * self.active  # an idle lane commits nothing
         bonus = argmax.gather(1, path.gather(1, (tau - 1).clamp_min(0)[:, None]))  # [lanes, 1]
         self.cache.commit(path, tau, compact=self.spec.kind != "chain")
         if self.options is not None:
-            self.recent.copy_(draft_lengths.update(self.recent, tau, self.active))
+            drafting = self.active if not self.admit_steps else self.active * ~feeding
+            self.recent.copy_(draft_lengths.update(self.recent, tau, drafting))
         path_tokens = tree.tokens.gather(1, path)
         if self.device_draft is not None:  # each lane's next tokens: its path's, the bonus at τ
+            D = torch.arange(self.path_len, device=self.dev)
             nxt = torch.cat((path_tokens[:, 1:], bonus), 1)
-            nxt = torch.where(torch.arange(self.path_len, device=self.dev) == tau[:, None] - 1, bonus, nxt)
+            nxt = torch.where(D == tau[:, None] - 1, bonus, nxt)
+            if self.admit_steps:  # a feeding lane's: the prompt's, the bonus after its last token
+                at = self.fed[:, None] + 1 + D
+                after = torch.where(at < self.feed_len[:, None],
+                                    self.feed_tok.gather(1, at.clamp(max=self.feed_tok.shape[1] - 1)), bonus)
+                nxt = torch.where(feeding[:, None], after, nxt)
             feats = None if out.features is None else \
                 out.features.gather(1, path[..., None].expand(-1, -1, out.features.shape[-1]))
             self.device_draft.observe(path_tokens, nxt, feats, tau)
         self.root.copy_(bonus[:, 0])
+        if self.admit_steps:
+            self.fed += count
         self.out.copy_(torch.cat((tau[:, None], tree.valid.sum(1, keepdim=True) - 1, self.positions[:, None],
                                   path_tokens, bonus), 1))
         self.rec = (tree, argmax)
@@ -431,6 +475,20 @@ class FastDecoder:
             self.device_draft.prefill(ids, first, out.features, lane, valid)
 
     # ---- the host side ------------------------------------------------------------------------
+    def _feed_start(self, lane: int, prompt: list[int]) -> int:
+        """Lane `lane` emptied for `prompt`, which the next verify steps feed (`_feeding`): queued
+        behind the steps already launched. Returns the steps it takes, the last one's bonus its
+        first token."""
+        at = torch.tensor([lane], device=self.dev)
+        self.cache.reset(at)
+        if self.device_draft is not None:  # `observe` then reads the prompt's rows as it reads accepted paths
+            self.device_draft.cache.reset(at)
+        self.feed_tok[lane, : len(prompt)] = torch.tensor(prompt, device=self.dev)
+        self.feed_len[lane], self.fed[lane], self.active[lane] = len(prompt), 0, 1
+        if self.options is not None:
+            self.recent[lane] = draft_lengths.start(self.options)
+        return -(-len(prompt) // self.feed)
+
     def _prefill(self, prompts: list[list[int]], lanes: list[int]) -> torch.Tensor:
         """Prompts into their lanes (the other lanes untouched) in one pass, each padded to the
         bucket of the longest. A bucket's first use first runs every prompt count `admit_counts`
@@ -569,6 +627,7 @@ class FastDecoder:
         waiting = [i for i, n in enumerate(limits) if n > 0][::-1]  # popped from the end: in order
         held: list[int | None] = [None] * self.lanes  # the request each lane decodes
         started = [0.0] * len(prompts)
+        first_at: dict[int, tuple[int, float]] = {}  # a lane feeding a prompt: (the step that ends it, admitted at)
         self.active.zero_()
 
         def finish(lane: int, i: int) -> None:
@@ -578,8 +637,24 @@ class FastDecoder:
             if progress is not None:
                 progress(1)
 
-        def admit() -> None:  # waiting prompts into free lanes, a pass per group of ≤ ADMIT_ROWS rows
-            while waiting and None in held:
+        def first(lane: int, i: int, newest: int) -> None:  # a request's first token: its decoding starts
+            started[i] = time.perf_counter()
+            if emit(results[i].tokens, [newest], eos, limits[i]):
+                finish(lane, i)
+            elif self.hosts:
+                h = self.hosts[lane]
+                h.reset(len(prompts[i]) + limits[i] + self.spec.rows + 1)
+                h.observe(list(prompts[i]), list(prompts[i][1:]) + [newest], None)
+
+        def admit() -> None:
+            free = [x for x, i in enumerate(held) if i is None]
+            if self.admit_steps and len(free) < self.lanes:  # a pass would stall the busy lanes: ride their steps
+                while free and waiting and -(-len(prompts[waiting[-1]]) // self.feed) <= self.admit_steps:
+                    lane, i = free.pop(0), waiting.pop()
+                    k = self._feed_start(lane, prompts[i])
+                    held[lane], since[lane], results[i].prefill_steps = i, launched + k, k
+                    first_at[lane] = (launched + k - 1, time.perf_counter())
+            while waiting and None in held:  # waiting prompts into free lanes, a pass per ≤ ADMIT_ROWS rows
                 group, widest = [], 0  # (lane, request) pairs; the longest prompt among them
                 for lane in (x for x, i in enumerate(held) if i is None):
                     widest = max(widest, len(prompts[waiting[-1]]))
@@ -594,18 +669,14 @@ class FastDecoder:
                     firsts += self._prefill([prompts[i] for _, i in group[a:b]], [x for x, _ in group[a:b]]).tolist()
                 t1 = time.perf_counter()
                 for (lane, i), newest in zip(group, firsts):
-                    started[i], results[i].prefill_s, results[i].prefill_with = t1, t1 - t0, len(group)
+                    results[i].prefill_s, results[i].prefill_with = t1 - t0, len(group)
                     held[lane], since[lane] = i, launched
-                    if emit(results[i].tokens, [newest], eos, limits[i]):
-                        finish(lane, i)
-                    elif self.hosts:
-                        h = self.hosts[lane]
-                        h.reset(len(prompts[i]) + limits[i] + self.spec.rows + 1)
-                        h.observe(list(prompts[i]), list(prompts[i][1:]) + [newest], None)
+                    first(lane, i, newest)
 
         # Device drafters and AR: the next step is launched before this one's result is read (as in
         # generate), so a step's rows of a lane whose request ended in the step before, or that was
-        # admitted after its launch, belong to no request: `since` is each lane's first step.
+        # admitted after its launch, belong to no request: `since` is each lane's first step (after
+        # the steps that feed its prompt, when it rides them).
         ahead, launched, k = not self.hosts, 0, 0
         since = [0] * self.lanes
         admit()
@@ -614,9 +685,9 @@ class FastDecoder:
             launched = 1
         while any(i is not None for i in held):
             ta = time.perf_counter()
-            if self.hosts:
+            if self.hosts:  # (launched is the step about to run) a lane feeding a prompt drafts nothing
                 for lane, i in enumerate(held):
-                    if i is not None:
+                    if i is not None and since[lane] <= launched:
                         self._load(self.hosts[lane].propose(self.m), lane)
                 self._upload()
             if ahead:  # launch step `launched`, read step `launched - 1`
@@ -638,6 +709,9 @@ class FastDecoder:
                     finish(lane, i)
                 elif self.hosts:
                     self.hosts[lane].observe(committed, emitted, None)
+            for lane in [x for x, (end, _) in first_at.items() if end == step]:  # prompts fed: their first tokens
+                results[held[lane]].prefill_s = time.perf_counter() - first_at.pop(lane)[1]
+                first(lane, held[lane], rows[lane][-1])
             admit()
         if ahead and launched:
             self._read(k)  # the step launched past the end: waited for, in the batch's time
@@ -686,18 +760,20 @@ class _Decoders(dict):
 
 
 def decoder(target: Model, drafter: Drafter | None, draft_len: int, policy, logit_bias, need: int,
-            lanes: int = 1, lengths: tuple[int, ...] | None = None) -> FastDecoder:
-    """The target's decoder for this drafter / draft length / policy / bias / lanes / draft lengths, built (and
-    captured) once, and rebuilt larger (`size_for`) when a request needs more than its capacity.
+            lanes: int = 1, lengths: tuple[int, ...] | None = None, admit_steps: int = 0) -> FastDecoder:
+    """The target's decoder for this drafter / draft length / policy / bias / lanes / draft lengths /
+    prompt admission, built (and captured) once, and rebuilt larger (`size_for`) when a request
+    needs more than its capacity.
     Decoders hold their target, so they are kept on it (`_static_decoders`): the cycle dies with
     the target."""
     key = (id(drafter), draft_len, policy if isinstance(policy, trees.TreePolicy) else None,
-           None if logit_bias is None else id(logit_bias), target.lm_head_weight.device, target.dtype, lanes, lengths)
+           None if logit_bias is None else id(logit_bias), target.lm_head_weight.device, target.dtype, lanes, lengths,
+           admit_steps)
     mine = target.__dict__.setdefault("_static_decoders", _Decoders())
     dec = mine.get(key)
     if dec is None or dec.capacity < need:
         mine.pop(key, None)
         size = size_for(plan(drafter, draft_len, policy, lanes)[1], need)
         dec = mine[key] = FastDecoder(target, drafter, draft_len, policy, size, logit_bias=logit_bias, lanes=lanes,
-                                      lengths=lengths)
+                                      lengths=lengths, admit_steps=admit_steps)
     return dec

@@ -23,12 +23,13 @@ acceptance profile comes from a replay recording (`specpilot replay --profile-ou
 measurement step, not another entry's code or configuration, so it is noted under `unverified`
 instead of being a requirement. Inventing edges would make porting drop entries for no reason.
 
-The batch's row selection (`batch-*`: a shared node budget, per-request draft length) acts only
+The batch's row selection (`batch-*`: a shared node budget, per-request draft length, prompt
+admission) acts only
 where several requests share a step, so those entries are limited to batch ≥ 2 (`batch_min`): a
 deployment at batch 1 does not port them. They require nothing either: each runs alone, and they
-combine (a variant of the draft length rule runs it under a shared budget). The third rule of the
-paper, prompt admission (a waiting prompt's prefill rows riding in a verify step), is not built,
-so it has no entry.
+combine (a variant of the draft length rule runs it under a shared budget). Prompt admission (a
+waiting prompt's prefill rows riding a busy batch's verify steps instead of a prefill pass) needs
+no drafter: AR batches take it too.
 
 There is no evidence (nothing is measured yet) and no other `limits` (no deployment has excluded
 any of them); what has not been checked is listed under `unverified`.
@@ -96,6 +97,28 @@ def seed_entries() -> list[Entry]:
                 "decoder's rows; a shared budget gives the freed nodes to other requests, a best-first tree spends "
                 "them wider in the same request, a chain only loses the positions it drops",
                 "the rule's constants (engine/lengths.py: KEEP, HEADROOM, P_MIN) are not tuned per deployment",
+                _ROWS,
+            ),
+        ),
+        Entry(
+            id="batch-prompt-admission",
+            version=1,
+            title="Batching: prompt admission, a waiting prompt whose prefill fits K verify steps riding a busy "
+                  "batch's steps in its lane's rows instead of a prefill pass that stalls every lane "
+                  "(built-in: admit_steps)",
+            variants={
+                "k1": {"admit_steps": 1},
+                "k2": {"admit_steps": 2},
+                "k4": {"admit_steps": 4},
+            },
+            contract=LOSSLESS,
+            limits=BATCHED,
+            unverified=(
+                "a lane feeds min(rows, path rows) prompt tokens a step (a chain of draft length d: d + 1; AR: 1), so "
+                "which prompts fit K steps depends on the tree; a fed request's first token waits K steps where a "
+                "pass takes one",
+                "pays only where lanes free up while others decode (continuous batching with a queue); a batch whose "
+                "requests all start together prefills in one pass",
                 _ROWS,
             ),
         ),

@@ -46,7 +46,7 @@ None) the outlook prices it at the target's width, as dear as the exact pass, an
 `quick_bits=8` prices the 8 bits.
 
 The batch's row selection (a shared node budget, `shared:N:C`; per-request draft lengths,
-`draft_lens`) acts only where requests share a step: its variants are skipped at batch 1 (the
+`draft_lens`; prompt admission, `admit_steps`, which AR batches take too) acts only where requests share a step: its variants are skipped at batch 1 (the
 round ports them only from batch 2 on, by their `batch_min` limit), never predicted (replay and the
 profile run one request at a time, which says nothing of how a batch shares its rows), and at
 batch > 1 the best of them takes one of the `max_candidates` places when the others would fill
@@ -62,7 +62,8 @@ from specpilot.systemspec import is_server, server_program, with_options
 from .agents import Candidate, Context
 from .costmodel import tlv_outlook
 
-TREE_OPTIONS = frozenset({"mode", "tree", "draft_len", "draft_lens", "drafter"})
+# what a step verifies (the batch rules among them: what rows a busy batch's steps carry)
+TREE_OPTIONS = frozenset({"mode", "tree", "draft_len", "draft_lens", "admit_steps", "drafter"})
 KERNEL_OPTIONS = frozenset({"weights", "lm_head", "driver"})
 DTYPE_BITS = {"bfloat16": 16, "float32": 32, "float64": 64}  # bits a dense weight of the dtype is read at
 FACTOR_OF_DIRECTION = {"tree": "tree", "rows": "rows", "off-profile": "off_profile",
@@ -116,7 +117,13 @@ def policy_of(options: dict) -> str:
 
 
 def batch_rule(options: dict) -> bool:
-    """A variant of the batch's row selection: a shared node budget or per-request draft lengths."""
+    """A variant of the batch's row selection: a shared node budget, per-request draft lengths or
+    prompt admission."""
+    return "admit_steps" in options or drafting_rule(options)
+
+
+def drafting_rule(options: dict) -> bool:
+    """A batch rule that selects drafted rows (a shared budget, per-request draft lengths): AR has none."""
     return "draft_lens" in options or (options.get("mode") == "tree" and options.get("tree", "").startswith("shared:"))
 
 
@@ -189,7 +196,7 @@ class SearchAgent:
                     skipped.append({"name": name, "reason": "a batch's row selection; the deployment decodes one "
                                                             "request at a time"})
                     continue
-                if batch_rule(opts) and system.get("mode", "chain") == "ar":
+                if drafting_rule(opts) and system.get("mode", "chain") == "ar":
                     skipped.append({"name": name, "reason": "per-request draft lengths need speculation; the "
                                                             "system decodes AR"})
                     continue

@@ -110,7 +110,7 @@ def engine_config(args, **given):
     fields = dict(target=args.target, drafter=args.drafter, mode=args.mode, tree=args.tree or "best-first:32",
                   profile=args.profile, draft_len=args.draft_len, dtype=args.dtype, device=args.device,
                   max_new_tokens=args.max_new_tokens, weights=args.weights, lm_head=args.lm_head,
-                  driver=args.driver, draft_lens=args.draft_lens, **tlv)
+                  driver=args.driver, draft_lens=args.draft_lens, admit_steps=args.admit_steps, **tlv)
     return EngineConfig(**{**fields, **given})
 
 
@@ -184,6 +184,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-lens", default=None, metavar="L,L,...",
                    help="per-request draft lengths, e.g. 16,12,8: each request drafts the shortest one its recent "
                    "acceptance and the drafter's confidence allow (static driver)")
+    p.add_argument("--admit-steps", type=int, default=0, metavar="K",
+                   help="batch > 1: a waiting prompt whose prefill fits K verify steps rides the busy lanes' steps "
+                   "instead of a prefill pass (default 0: always a pass)")
     p.add_argument("--force-drafter", action="store_true",
                    help="use a drafter whose manifest names another target, or whose vocabulary differs")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")

@@ -19,7 +19,7 @@ ENGINE_FLAGS = (("target", "--target"), ("drafter", "--drafter"), ("mode", "--mo
                 ("profile", "--profile"), ("draft_len", "--draft-len"), ("force_drafter", "--force-drafter"),
                 ("dtype", "--dtype"), ("device", "--device"), ("max_new_tokens", "--max-new-tokens"),
                 ("max_batch", "--max-batch"), ("weights", "--weights"), ("lm_head", "--lm-head"),
-                ("driver", "--driver"), ("draft_lens", "--draft-lens"),
+                ("driver", "--driver"), ("draft_lens", "--draft-lens"), ("admit_steps", "--admit-steps"),
                 ("tlv_nodes", "--tlv-nodes"), ("tlv_q_depth", "--tlv-q-depth"))
 OTHER_FLAGS = (("store", "--store"), ("repo", "--repo"), ("stock_rev", "--stock-rev"))
 
@@ -42,6 +42,8 @@ def register(subparsers) -> None:
                    "--profile-out`")
     g.add_argument("--draft-len", type=int, metavar="N", help="drafted positions per step (default 8)")
     g.add_argument("--draft-lens", metavar="L,L,...", help="per-request draft lengths, e.g. 16,12,8 (static driver)")
+    g.add_argument("--admit-steps", type=int, metavar="K", help="a waiting prompt whose prefill fits K verify steps "
+                   "rides the busy lanes' steps (default 0: a prefill pass)")
     g.add_argument("--force-drafter", action="store_true",
                    help="use a drafter whose manifest names another target, or whose vocabulary differs")
     g.add_argument("--dtype", choices=("float64", "float32", "bfloat16"), help="default float32")
@@ -77,6 +79,7 @@ def serve_engine(args) -> int:
         raise ValueError("serve engine needs --target DIR (a checkpoint folder)")
     args.mode = args.mode or ("chain" if args.drafter else "ar")
     args.draft_len = 8 if args.draft_len is None else args.draft_len
+    args.admit_steps = args.admit_steps or 0
     args.dtype, args.device = args.dtype or "float32", args.device or "cpu"
     args.max_new_tokens = DEFAULT_MAX_NEW if args.max_new_tokens is None else args.max_new_tokens
     port = DEFAULT_PORT if args.port is None else args.port

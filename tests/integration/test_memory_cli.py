@@ -31,7 +31,7 @@ def test_memory_commands(tmp_path, capsys):
     assert g["nodes"][0]["key"] == "tree-best-first@1" and svg.read_text().startswith("<svg")
     plan = json.loads(run(capsys, "memory", "--store", url, "port", "--deployment",
                           '{"family": "qwen3_next", "device": "h200", "batch": 1}', "--json"))
-    batched = {"batch-shared-budget@1", "batch-draft-length@1"}  # limited to batch ≥ 2
+    batched = {"batch-shared-budget@1", "batch-draft-length@1", "batch-prompt-admission@1"}  # batch ≥ 2 only
     assert batched <= set(added) and set(plan["order"]) == set(added) - batched
     plan = json.loads(run(capsys, "memory", "--store", url, "port", "--deployment",
                           '{"family": "qwen3_next", "device": "h200", "batch": 16}', "--json"))

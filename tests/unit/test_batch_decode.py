@@ -321,3 +321,139 @@ def test_engine_batch_rules_at_batch_1_and_n(zoo_target):
     assert [o["tokens"] for o in batched["outputs"]] == [o["tokens"] for o in one["outputs"]] == truth
     assert one["verified_rows_mean"] == 4  # alone: best-first:3 over 3 nodes and the root
     assert 9 <= batched["verified_rows_mean"] <= 2 * 9  # two lanes of 9 rows over the requests each pass decoded
+
+
+# --------------------------------------------------------------------------- prompt admission
+
+ADMIT = [("chain", None), ("best-first:10", None), ("topk:3:10", None), ("shared:2:10", "6,3")]
+
+
+@settings(max_examples=25, deadline=None)
+@given(family=st.sampled_from(FAMILIES), rule=st.sampled_from(ADMIT), lanes=st.integers(1, 3), prompts=prompts_st,
+       data=st.data(), p=st.sampled_from([0.0, 0.2, 0.5]), seed=st.integers(0, 3), admit=st.sampled_from([1, 2, 8]))
+def test_every_request_gets_its_own_ar_tokens_when_prompts_ride_verify_steps(family, rule, lanes, prompts, data, p,
+                                                                              seed, admit):
+    spec, lens = rule
+    limits = data.draw(st.lists(st.integers(1, 30), min_size=len(prompts), max_size=len(prompts)))
+    dec = FastDecoder(target(family), PerRequestOracle(family, p, seed), 6, make_policy(spec, None), max_len=128,
+                      graphs=False, lanes=lanes, lengths=parse_lengths(lens, 6) if lens else None, admit_steps=admit)
+    out = dec.generate_batch(prompts, limits, eos=set())
+    for prompt, n, res in zip(prompts, limits, out):
+        assert res.tokens == ar(family, tuple(prompt), n)
+        assert res.prefill_steps <= admit and sum(s.tau for s in res.steps) + 1 >= len(res.tokens)
+
+
+def admissions(dec: FastDecoder, seen: list) -> dict:
+    """lane → [(the first step feeding its prompt, steps it takes)], recorded as `_feed_start` runs:
+    with the next step launched before each read, the steps launched so far are the proposals made."""
+    got, real = {}, dec._feed_start
+
+    def spy(lane, prompt):
+        k = real(lane, prompt)
+        got.setdefault(lane, []).append((len(seen), k))
+        return k
+
+    dec._feed_start = spy
+    return got
+
+
+@pytest.mark.parametrize("kind, family, spec", [
+    ("sequential", "llama", "chain"), ("block", "hybrid", "best-first:10"), ("block_markov+copy", "sliding", "chain"),
+    ("eagle3", "qwen3", "topk:3:10"), ("draft_lm", "llama", "best-first:10")])
+def test_a_fed_prompt_leaves_its_drafter_as_a_prefill_pass_does(kind, family, spec):
+    """Two lanes, five requests: later ones ride a busy lane's verify steps, 6 prompt rows a step
+    (a chain of draft length 5, or the tree's path rows). Every request gets its AR tokens,
+    and from its first decode step on its lattices are those it gets decoded alone: its prompt
+    reached the drafter's state exactly as a prefill pass puts it there, and its draft length
+    starts as a prefilled request's does."""
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9, 3], [2], [t % VOCAB for t in range(7, 20)]]
+    limits = [14, 9, 12, 10, 8]
+    alone = []
+    for q, n in zip(prompts, limits):
+        dec = FastDecoder(target(family), device_drafter(kind, family), 5, make_policy(spec, None), max_len=128,
+                          graphs=False, lengths=(5, 4, 3, 2))
+        seen = spied(dec)
+        res = dec.generate_batch([q], [n], eos=set())[0]
+        alone.append((seen[: len(res.steps)], [(s.tau, s.positions) for s in res.steps]))
+    dec = FastDecoder(target(family), device_drafter(kind, family), 5, make_policy(spec, None), max_len=128,
+                      graphs=False, lanes=2, lengths=(5, 4, 3, 2), admit_steps=3)
+    seen = spied(dec)
+    fed = admissions(dec, seen)
+    out = dec.generate_batch(prompts, limits, eos=set())
+    assert [r.tokens for r in out] == [ar(family, tuple(q), n) for q, n in zip(prompts, limits)]
+    riders = [i for i, r in enumerate(out) if r.prefill_steps]  # the first wave had a pass (no lane was busy)
+    assert riders[0] == 2 and len(riders) >= 2
+    assert all(out[i].prefill_steps == -(-len(prompts[i]) // dec.feed) <= 3 for i in riders)
+    starts = sorted((s, k, lane) for lane, runs in fed.items() for s, k in runs)  # in admission order
+    assert len(starts) == len(riders)
+    for b, (first, k, lane) in zip(riders, starts):
+        solo, taus = alone[b]
+        assert [(s.tau, s.positions) for s in out[b].steps] == taus  # its draft lengths too
+        for j, lattice in enumerate(solo):  # its decode steps: from the step after the last one feeding it
+            mine = seen[first + k + j]
+            assert torch.equal(mine[0][lane], lattice[0][0])
+            torch.testing.assert_close(mine[1][lane], lattice[1][0], rtol=0, atol=1e-9)
+            if lattice[2] is not None:
+                torch.testing.assert_close(mine[2][lane], lattice[2][0], rtol=0, atol=1e-9)
+
+
+def test_only_prompts_that_fit_ride_and_only_beside_busy_lanes(monkeypatch):
+    """AR (one row a lane a step): a prompt of at most `admit_steps` tokens rides the busy lane's
+    steps, a longer one waits for a prefill pass; an idle batch always prefills in a pass. The host
+    still reads the device once a step: a fed prompt's first token is in its last step's result."""
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3], [8, 9, 7, 9, 1, 1, 2], [4]]
+    limits = [20, 4, 9, 3, 3]  # lane 0 decodes request 0 (19 steps) while lane 1 takes the others
+    dec = FastDecoder(target("hybrid"), None, 4, None, max_len=128, graphs=False, lanes=2, admit_steps=3)
+    reads = {"n": 0}
+    for name in ("tolist", "item", "__int__"):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _real=real, **k: reads.update(n=reads["n"] + 1)
+                            or _real(self, *a, **k))
+    out = dec.generate_batch(prompts, limits, eos=set())
+    monkeypatch.undo()
+    assert [r.tokens for r in out] == [ar("hybrid", tuple(q), n) for q, n in zip(prompts, limits)]
+    # Lane 0: request 0, steps 0–18. Lane 1: request 1 (steps 0–2); request 2 is fed in steps 4–5
+    # (step 3 was in flight when its lane freed) and decodes in 6–13; request 3 (7 tokens) gets a
+    # pass and steps 15–16; request 4 is fed in step 18 and decodes in 19–20, when lane 0 is idle.
+    assert [r.prefill_steps for r in out] == [0, 0, 2, 0, 1]
+    assert [r.prefill_with for r in out] == [2, 2, 1, 1, 1]
+    assert [len(r.steps) for r in out] == [19, 3, 8, 2, 2]
+    assert reads["n"] == 2 + 22  # two passes; steps 0–20 and the one launched past the end
+
+
+def test_admission_is_refused_in_one_line_for_a_bad_count():
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="admit_steps"):
+            FastDecoder(target("llama"), None, 4, None, max_len=64, graphs=False, lanes=2, admit_steps=bad)
+
+
+def test_a_fed_request_drafts_its_longest_length_first_as_a_prefilled_one_does():
+    """Lengths 4 / 3 / 2 and a perfect drafter: a request starts at the longest and keeps it. The
+    steps that feed a prompt are not its acceptance (a one-token prompt fed in one step would
+    otherwise halve its recent acceptance and start it at 3)."""
+    prompts, limits = [[3, 1, 4, 1, 5], [9, 2, 6], [7]], [30, 3, 16]
+    dec = FastDecoder(target("llama"), PerRequestOracle("llama", 0.0, 2), 6, None, max_len=128, graphs=False,
+                      lanes=2, lengths=(4, 3, 2), admit_steps=2)
+    out = dec.generate_batch(prompts, limits, eos=set())
+    assert [r.tokens for r in out] == [ar("llama", tuple(q), n) for q, n in zip(prompts, limits)]
+    assert [r.prefill_steps for r in out] == [0, 0, 1]
+    assert [s.positions for s in out[2].steps] == [4] * 3 and [s.tau for s in out[2].steps] == [5] * 3
+
+
+def test_engine_admits_prompts_into_verify_steps(zoo_target):
+    from specpilot.zoo.workloads import Request
+
+    reqs = [Request(id=f"r{i}", prompt_ids=q, max_new_tokens=n)
+            for i, (q, n) in enumerate([([1, 2, 1, 2, 1, 2], 24), ([4, 4, 4], 5), ([9, 3], 12), ([5], 6)])]
+    truth = [ar("llama", tuple(r.prompt_ids), r.max_new_tokens) for r in reqs]
+    for mode, drafter in (("ar", None), ("chain", "ngram")):
+        eng = Engine(EngineConfig(target=zoo_target, drafter=drafter, mode=mode, dtype="float64", draft_len=4,
+                                  admit_steps=2))
+        out = eng.generate_batch(reqs, 2)
+        assert [r.tokens for r in out] == truth
+        assert [r.prefill_steps for r in out][:3] == [0, 0, 2 if mode == "ar" else 1]  # AR feeds a token a step
+    for bad, says in ((-1, "admit_steps -1: expected a count"), ("2", "admit_steps '2'")):
+        with pytest.raises(ValueError, match=says):
+            EngineConfig(target=zoo_target, mode="ar", admit_steps=bad).validate()
+    with pytest.raises(ValueError, match="driver 'eager' cannot run it"):
+        EngineConfig(target=zoo_target, mode="ar", admit_steps=2, driver="eager").validate()

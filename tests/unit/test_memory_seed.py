@@ -58,7 +58,7 @@ def test_whole_seed_resolves_and_ports():
     assert len(plan.order) == len(SEED) - 1
     alone = port({"family": "dense", "device": "h200", "batch": 1}, seed_catalog())  # the batch's rules stay out
     assert {s.id: s.reason for s in alone.skipped} == {i: f"limits: {i}@1: batch 1 < batch_min 2"
-                                                       for i in ("batch-draft-length", "batch-shared-budget")}
+                                                       for i in ("batch-draft-length", "batch-prompt-admission", "batch-shared-budget")}
     assert "tlv@1" in [e.key for e in alone.order]
     on_cpu = port({"family": "dense", "device": "cpu", "batch": 2}, seed_catalog())  # the GPU mechanisms stay out
     assert sorted(s.id for s in on_cpu.skipped) == sorted(e.id for e in SEED if e.limits.get("devices"))
@@ -119,8 +119,9 @@ def test_sequoia_says_it_needs_a_profile_and_markov_says_it_needs_a_checkpoint()
 
 def test_the_batch_rules_are_options_of_the_engine_limited_to_batches():
     by_id = {e.id: e for e in SEED}
-    for ident in ("batch-shared-budget", "batch-draft-length"):
+    for ident in ("batch-shared-budget", "batch-draft-length", "batch-prompt-admission"):
         assert by_id[ident].limits == {"batch_min": 2} and not by_id[ident].requires
         assert any("rows" in u for u in by_id[ident].unverified)  # what a step verifies is said
     assert all(parse_policy(v["tree"])[0] == "shared" for v in by_id["batch-shared-budget"].variants.values())
     assert all("draft_lens" in v for v in by_id["batch-draft-length"].variants.values())
+    assert all(v["admit_steps"] > 0 for v in by_id["batch-prompt-admission"].variants.values())

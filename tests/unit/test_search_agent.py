@@ -232,6 +232,7 @@ def test_per_request_draft_lengths_are_not_proposed_to_an_ar_system():
     reasons = {s["name"]: s["reason"] for s in agent.last_log["skipped"]}
     assert "decodes AR" in reasons["batch-draft-length/16-12-8"]
     assert "needs a drafter" in reasons["batch-shared-budget/n16-c32"]
+    assert not any(n.startswith("batch-prompt-admission") for n in reasons)  # AR batches admit prompts too
 
 
 # --------------------------------------------------------------------------- two-level verification
