@@ -86,12 +86,12 @@ def cell(name, k, n, m, weights, packed, xs, ref, quick_ref, sms, timer, replays
     row["cublas_max_ulp"] = ulps(out, ref, floor)  # the same measure for cuBLAS, beside ours
     row["cublas_us"] = timer([lambda w=w: torch.mm(x, w.T, out=out) for w in weights], replays)
     row["cublas_us_again"] = timer([lambda w=w: torch.mm(x, w.T, out=out) for w in weights], replays)
-    cands = gemm.configs(m, n, k, sms) if sweep else [gemm.heuristic(m, n, k, sms)]
     for kind, run, ws_in, want in (
             ("bf16", lambda w, c: gemm.bf16_linear(x, w, c, out=out, ws=ws), weights, ref),
             ("w12", lambda w, c: gemm.w12_linear(x, w, c, out=out, ws=ws), packed, ref),
             ("quick", lambda w, c: gemm.w12_linear(x, w, c, out=out, ws=ws, quick=True), packed, quick_ref)):
-        tried = {}
+        tried, decode = {}, kind != "bf16"  # each kernel's own heuristic
+        cands = gemm.configs(m, n, k, sms, decode) if sweep else [gemm.heuristic(m, n, k, sms, decode)]
         for cfg in cands:
             try:
                 run(ws_in[0], cfg)

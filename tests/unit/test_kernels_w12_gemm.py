@@ -101,6 +101,10 @@ def test_heuristic_splits_only_the_narrow_shapes():
         assert heuristic(1, n, k, 132).splits > 1
     assert heuristic(1, 128256, 4096, 132).splits == 1
     assert [heuristic(m, 4096, 4096, 132).bm for m in (1, 16, 17, 64)] == [16, 16, 32, 64]
+    # the record-decoding kernels take 64-input steps at 64 rows, the same splits; the bf16 one 128
+    assert [heuristic(m, 4096, 4096, 132, decode=True).bk for m in (1, 16, 32, 64)] == [128, 128, 128, 64]
+    assert heuristic(64, 4096, 4096, 132, decode=True).splits == heuristic(64, 4096, 4096, 132).splits == 4
+    assert heuristic(64, 4096, 4096, 132).bk == 128
 
 
 W12_TYPES = dict(x="*bf16", x32="*i32", rec16="*i16", rec8="*u8", lo="*u8", esc_idx="*i32", esc_val="*i16",
