@@ -54,37 +54,23 @@ LAUNCHED = ("_w12_gemm", "_bf16_gemm")
 assert (RECORD_BYTES, VIEW_BYTES, RECORD_K, RECORD_N, MIDPOINT) == (12288, 8192, 64, 128, 0x8)
 
 
-# The W12 decode of four view pairs and their low bytes, two weights a 32-bit operation (`_decode_pairs`;
-# tests/unit/test_kernels_w12_gemm.py runs this text in a small PTX interpreter against format.decode).
-DECODE_ASM = """
-{
-.reg .b32 p, s, l, h;
-prmt.b32 l, $6, 0, 0x4140;
-shr.u32 h, l, 4;
-prmt.b32 p, $4, 0, 0x4240;
-and.b32 s, p, 0x00800080;
-mad.lo.u32 p, p, 16, $7;
-mad.lo.u32 p, s, 240, p;
-lop3.b32 $0, l, 0x000F000F, p, 0xEA;
-prmt.b32 p, $4, 0, 0x4341;
-and.b32 s, p, 0x00800080;
-mad.lo.u32 p, p, 16, $7;
-mad.lo.u32 p, s, 240, p;
-lop3.b32 $2, h, 0x000F000F, p, 0xEA;
-prmt.b32 l, $6, 0, 0x4342;
-shr.u32 h, l, 4;
-prmt.b32 p, $5, 0, 0x4240;
-and.b32 s, p, 0x00800080;
-mad.lo.u32 p, p, 16, $8;
-mad.lo.u32 p, s, 240, p;
-lop3.b32 $1, l, 0x000F000F, p, 0xEA;
-prmt.b32 p, $5, 0, 0x4341;
-and.b32 s, p, 0x00800080;
-mad.lo.u32 p, p, 16, $8;
-mad.lo.u32 p, s, 240, p;
-lop3.b32 $3, h, 0x000F000F, p, 0xEA;
-}
-"""
+# The W12 decode of four view pairs and their low bytes, two weights a 32-bit operation (`_decode_pairs`,
+# whose docstring has the arithmetic; tests/unit/test_kernels_w12_gemm.py runs this text in a small PTX
+# interpreter against format.decode). For view pair j ($4 + j): its low bytes ($6 bytes 2j, 2j + 1) spread into
+# 16-bit lanes (l; h: their high nibbles); then its even views (bytes 0 and 2) give output j with the
+# nibbles of l, its odd views (bytes 1 and 3) output 2 + j with those of h, each with lo7 = $7 + j.
+def _decode_asm() -> str:
+    lines = ["{", ".reg .b32 p, s, l, h;"]
+    for j, low in enumerate(("0x4140", "0x4342")):
+        lines += [f"prmt.b32 l, $6, 0, {low};", "shr.u32 h, l, 4;"]
+        for nibble, view, dst in (("l", "0x4240", j), ("h", "0x4341", 2 + j)):
+            lines += [f"prmt.b32 p, ${4 + j}, 0, {view};", "and.b32 s, p, 0x00800080;",
+                      f"mad.lo.u32 p, p, 16, ${7 + j};", "mad.lo.u32 p, s, 240, p;",
+                      f"lop3.b32 ${dst}, {nibble}, 0x000F000F, p, 0xEA;"]
+    return "\n" + "\n".join([*lines, "}"]) + "\n"
+
+
+DECODE_ASM = _decode_asm()
 
 
 def available() -> bool:
