@@ -45,8 +45,9 @@ SMALL_DENSE = dict(family="llama", vocab_size=16384, hidden_size=512, intermedia
 
 def breakdown(res, total: float) -> dict:
     """Where a run's wall time went: the prefill passes (each counted once, however many requests
-    it admitted; a prompt admitted into verify steps has none), the decode steps (each step's wall, replay to read, counted once however many
-    lanes shared it) and the rest (the host's bookkeeping between steps)."""
+    it admitted; a prompt admitted into verify steps has none), the decode steps (each step's wall,
+    replay to read, counted once however many lanes shared it) and the rest (the host's bookkeeping
+    between steps)."""
     steps = [s for r in res for s in r.steps]
     n = sum(1 / max(1, s.lanes) for s in steps)
     wall = [s.t_draft + s.t_quick + s.t_verify + s.t_commit for s in steps]  # the static driver times all in t_verify

@@ -348,7 +348,7 @@ class FastDecoder:
         """Every lane's tree, fields [lanes, R]."""
         if self.drafter is None:
             z = torch.zeros(self.lanes, 1, dtype=torch.long, device=self.dev)
-            return treeops.TreeRows(self.root[:, None], z, z, torch.ones(self.lanes, 1, dtype=torch.bool, device=self.dev))
+            return treeops.TreeRows(self.root[:, None], z, z, torch.ones_like(z, dtype=torch.bool))
         return self._build_tree(self._propose())
 
     def _propose(self) -> bool:

@@ -396,6 +396,7 @@ def configs(m: int, n: int, k: int, sms: int, decode: bool = False) -> list[Conf
     twice the splits with 4 stages (more bytes in flight a multiprocessor)."""
     base = heuristic(m, n, k, sms, decode)
     out = [base, replace(base, splits=max(1, base.splits // 2)), replace(base, splits=base.splits * 2),
-           replace(base, bk=64), replace(base, bk=128), replace(base, bk=256, warps=8, stages=2), replace(base, stages=4), replace(base, warps=8),
+           replace(base, bk=64), replace(base, bk=128), replace(base, bk=256, warps=8, stages=2),
+           replace(base, stages=4), replace(base, warps=8),
            replace(base, stages=5), replace(base, splits=base.splits * 2, stages=4)]
     return list(dict.fromkeys(out))

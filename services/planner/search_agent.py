@@ -46,8 +46,8 @@ None) the outlook prices it at the target's width, as dear as the exact pass, an
 `quick_bits=8` prices the 8 bits.
 
 The batch's row selection (a shared node budget, `shared:N:C`; per-request draft lengths,
-`draft_lens`; prompt admission, `admit_steps`, which AR batches take too) acts only where requests share a step: its variants are skipped at batch 1 (the
-round ports them only from batch 2 on, by their `batch_min` limit), never predicted (replay and the
+`draft_lens`; prompt admission, `admit_steps`, which AR batches take too) acts only where requests
+share a step: its variants are skipped at batch 1 (the round ports them only from batch 2 on, by their `batch_min` limit), never predicted (replay and the
 profile run one request at a time, which says nothing of how a batch shares its rows), and at
 batch > 1 the best of them takes one of the `max_candidates` places when the others would fill
 them all.
