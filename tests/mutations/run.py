@@ -10,7 +10,8 @@ drivers (the eager one: engine/cache.py Cache, engine/gdn.py replay_path; the st
 StaticCache.commit, gdn.tree_state / tree_gated_delta_rule, treeops.accept, and the row a device
 feature drafter keeps after acceptance, fast._FeatureDraft.observe); the batch's row selection
 (treeops.share / build_shared, lengths.clip) and the batch's admission (prompts prefilled together,
-padded: fast.FastDecoder._admit, the padding rows of a hybrid's prefill) only with several lanes; two-level verification's
+padded: fast.FastDecoder._admit, the padding rows of a hybrid's prefill; prompts fed in verify steps:
+fast.FastDecoder._feeding and what the step commits and the drafter reads of them) only with several lanes; two-level verification's
 (decode.generate's acceptance of the Q pass's chain, tlv.TwoLevel.quick_pass dropping its rows)
 only where the Q pass is wrong or the target is a hybrid; the statistics' change the
 lower bound by a few percent (services/controller/stats.py).
@@ -210,6 +211,27 @@ MUTATIONS = [
         "engine/fast.py",
         "if i is not None and since[lane] <= step]",
         "if i is not None]",
+        tuple(BATCH), engine=False),
+    Mutation(
+        "admit-fed-rows-dropped",
+        "(e) batched: a lane feeding a prompt commits at most two of its prompt rows a step",
+        "engine/fast.py",
+        "tau = torch.where(feeding, count, tau)",
+        "tau = torch.where(feeding, count.clamp(max=2), tau)",
+        tuple(BATCH), engine=False),
+    Mutation(
+        "admit-drafter-next-token",
+        "(e) batched: the drafter reads a fed prompt's rows with the bonus, not the prompt's next token",
+        "engine/fast.py",
+        "nxt = torch.where(feeding[:, None], after, nxt)",
+        "nxt = torch.where(feeding[:, None], bonus.expand_as(after), nxt)",
+        tuple(BATCH), engine=False),
+    Mutation(
+        "admit-history",
+        "(e) batched: the steps feeding a prompt count as its acceptance (its first draft length drops)",
+        "engine/fast.py",
+        "drafting = self.active if not self.admit_steps else self.active * ~feeding",
+        "drafting = self.active",
         tuple(BATCH), engine=False),
     Mutation(
         "prefill-padding-state",
