@@ -276,7 +276,8 @@ class Engine:
         for req, res in zip(requests, results):
             outputs.append({"id": req.id, "tokens": res.tokens, "text": self.decode_text(res.tokens),
                             "tau_mean": res.tau_mean, "steps": len(res.steps),
-                            "accepted_per_position": accepted_per_position(res.steps)})
+                            "accepted_per_position": accepted_per_position(res.steps),
+                            "prefill_steps": res.prefill_steps})  # verify steps its prompt rode (0: a pass)
             steps += res.steps
             n_tok += len(res.tokens)
         return {

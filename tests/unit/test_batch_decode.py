@@ -449,9 +449,9 @@ def test_engine_admits_prompts_into_verify_steps(zoo_target):
     for mode, drafter in (("ar", None), ("chain", "ngram")):
         eng = Engine(EngineConfig(target=zoo_target, drafter=drafter, mode=mode, dtype="float64", draft_len=4,
                                   admit_steps=2))
-        out = eng.generate_batch(reqs, 2)
-        assert [r.tokens for r in out] == truth
-        assert [r.prefill_steps for r in out][:3] == [0, 0, 2 if mode == "ar" else 1]  # AR feeds a token a step
+        out = eng.run(reqs, batch=2)["outputs"]
+        assert [o["tokens"] for o in out] == truth
+        assert [o["prefill_steps"] for o in out][:3] == [0, 0, 2 if mode == "ar" else 1]  # AR feeds a token a step
     for bad, says in ((-1, "admit_steps -1: expected a count"), ("2", "admit_steps '2'")):
         with pytest.raises(ValueError, match=says):
             EngineConfig(target=zoo_target, mode="ar", admit_steps=bad).validate()
