@@ -83,9 +83,9 @@ class EngineConfig:
             if self.driver == "eager":
                 raise ValueError(f"draft_lens {self.draft_lens!r}: runs on the static driver; driver 'eager' "
                                  "cannot run it (use 'auto' or 'static')")
-        if not isinstance(self.admit_steps, int) or isinstance(self.admit_steps, bool) or self.admit_steps < 0:
-            raise ValueError(f"admit_steps {self.admit_steps!r}: expected a count of verify steps ≥ 0 "
-                             "(0: no admission)")
+        from .fast import check_admit_steps
+
+        check_admit_steps(self.admit_steps)
         if self.admit_steps and self.driver == "eager":
             raise ValueError(f"admit_steps {self.admit_steps}: batched decoding runs the static driver; driver 'eager' "
                              "cannot run it (use 'auto' or 'static')")

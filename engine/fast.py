@@ -249,6 +249,12 @@ def admit_counts(n: int, lanes: int) -> list[int]:
     return [1 << k for k in range(lanes.bit_length()) if k == 0 or n << k <= ADMIT_ROWS]
 
 
+def check_admit_steps(k) -> None:
+    """Refuse a prompt-admission count that is not a whole number of verify steps ≥ 0."""
+    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        raise ValueError(f"admit_steps {k!r}: expected a count of verify steps ≥ 0 (0: no admission)")
+
+
 def on_device(dev: torch.device):
     """The context a decoder on `dev` runs in: its CUDA device made current (events, streams,
     graph capture and synchronize use the current device), nothing on the CPU."""
@@ -270,8 +276,7 @@ class FastDecoder:
             raise ValueError(f"lanes {lanes}: a decoder runs at least one request")
         if lengths is not None and (drafter is None or not lengths or min(lengths) < 1):
             raise ValueError(f"lengths {lengths!r}: positive draft lengths, for a decoder with a drafter")
-        if not isinstance(admit_steps, int) or isinstance(admit_steps, bool) or admit_steps < 0:
-            raise ValueError(f"admit_steps {admit_steps!r}: expected a count of verify steps ≥ 0 (0: no admission)")
+        check_admit_steps(admit_steps)
         with on_device(target.lm_head_weight.device):
             self._build(target, drafter, draft_len, policy, max_len, graphs, compile, logit_bias, lanes, lengths,
                         admit_steps)
@@ -475,6 +480,10 @@ class FastDecoder:
             self.device_draft.prefill(ids, first, out.features, lane, valid)
 
     # ---- the host side ------------------------------------------------------------------------
+    def _feed_steps(self, prompt: list[int]) -> int:
+        """The verify steps that feed this prompt, `feed` tokens a step."""
+        return -(-len(prompt) // self.feed)
+
     def _feed_start(self, lane: int, prompt: list[int]) -> int:
         """Lane `lane` emptied for `prompt`, which the next verify steps feed (`_feeding`): queued
         behind the steps already launched. Returns the steps it takes, the last one's bonus its
@@ -487,7 +496,7 @@ class FastDecoder:
         self.feed_len[lane], self.fed[lane], self.active[lane] = len(prompt), 0, 1
         if self.options is not None:
             self.recent[lane] = draft_lengths.start(self.options)
-        return -(-len(prompt) // self.feed)
+        return self._feed_steps(prompt)
 
     def _prefill(self, prompts: list[list[int]], lanes: list[int]) -> torch.Tensor:
         """Prompts into their lanes (the other lanes untouched) in one pass, each padded to the
@@ -649,7 +658,7 @@ class FastDecoder:
         def admit() -> None:
             free = [x for x, i in enumerate(held) if i is None]
             if self.admit_steps and len(free) < self.lanes:  # a pass would stall the busy lanes: ride their steps
-                while free and waiting and -(-len(prompts[waiting[-1]]) // self.feed) <= self.admit_steps:
+                while free and waiting and self._feed_steps(prompts[waiting[-1]]) <= self.admit_steps:
                     lane, i = free.pop(0), waiting.pop()
                     k = self._feed_start(lane, prompts[i])
                     held[lane], since[lane], results[i].prefill_steps = i, launched + k, k

@@ -115,7 +115,7 @@ def seed_entries() -> list[Entry]:
             limits=BATCHED,
             unverified=(
                 "a lane feeds min(rows, path rows) prompt tokens a step (a chain of draft length d: d + 1; AR: 1), so "
-                "which prompts fit K steps depends on the tree; a fed request's first token waits K steps where a "
+                "which prompts fit K steps depends on the tree; a fed request's first token waits up to K steps where a "
                 "pass takes one",
                 "pays only where lanes free up while others decode (continuous batching with a queue); a batch whose "
                 "requests all start together prefills in one pass",
