@@ -36,7 +36,7 @@ from specpilot.engine.synthetic import random_drafter_net, random_model
 from specpilot.zoo.workloads import Request, humaneval
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import git_sha  # noqa: E402
+from common import git_sha, top_kernels  # noqa: E402
 
 SMALL_DENSE = dict(family="llama", vocab_size=16384, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
                    num_attention_heads=8, num_key_value_heads=4, head_dim=64, layer_types=["full_attention"] * 8,
@@ -60,6 +60,21 @@ def breakdown(res, total: float) -> dict:
             "step_ms_median": round(1e3 * walls[len(walls) // 2], 4) if walls else None}
 
 
+def profile(eng, reqs, b: int, dev: str) -> dict:
+    """One decode of `reqs` (b of them, one batch) under the profiler: its steps timed first without
+    it (`breakdown`), then the heaviest operators per step (device time on a GPU: whether the step
+    is the device's or the host's shows as the "(all)" row's device ms against the step's wall)."""
+    run = (lambda: eng.generate_batch(reqs, b)) if b > 1 else (lambda: [eng.generate(reqs[0])])
+    t0 = time.perf_counter()
+    res = run()
+    wall = time.perf_counter() - t0
+    steps = max(len(r.steps) for r in res)
+    rows = top_kernels(run, steps, dev, total=True)
+    for r in rows[:12] + rows[-1:]:
+        print(f"  {r['ms_per_step'] * 1e3:9.1f} us/step {r['calls_per_step']:7.2f}x  {r['name']}", flush=True)
+    return breakdown(res, wall) | {"top": rows}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -79,6 +94,8 @@ def main(argv=None) -> int:
                     "block drafter on the device, or --zoo's --drafter)")
     ap.add_argument("--zoo", default=None, metavar="DIR", help="a zoo folder: its trained dense pair on HumanEval prompts")
     ap.add_argument("--drafter", default="dense-block-markov", help="with --zoo: the drafter folder in it")
+    ap.add_argument("--profile", action="store_true", help="after each timed run, the heaviest operators per step "
+                    "of the first batch's requests (torch.profiler; device time on a GPU) and the step's wall")
     a = ap.parse_args(argv)
     batches = [int(b) for b in a.batches.split(",")]
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -130,6 +147,8 @@ def main(argv=None) -> int:
                        "equal_to_batch_1": None if ref is None else sum(x == y for x, y in zip(toks, ref)),
                        "fed_prompts": sum(1 for r in res if getattr(r, "prefill_steps", 0)),
                        **breakdown(res, wall)}
+                if a.profile:
+                    row["profile"] = profile(eng, reqs[:b], b, dev)
                 out["runs"].append(row)
                 print(json.dumps(row), flush=True)
                 Path(a.out).write_text(json.dumps(out, indent=1) + "\n")

@@ -12,7 +12,8 @@
 #             about 300 s on an H100), skipped when out/small/dense exists
 #   zoo       bench/batching.py --zoo out/small: AR and the block + Markov drafter at batch 1 and 16 on HumanEval
 #             prompts, once per tree in ZOO_TREES (default: chain best-first:16 shared:16:32), spec over AR per batch
-#             (ZOO_MODES=block leaves AR out: its runs repeat across the trees)
+#             (ZOO_MODES=block leaves AR out: its runs repeat across the trees; ZOO_PROFILE=1 adds each run's heaviest
+#             operators per step, bench/batching.py --profile)
 # Usage (repository root, GPU machine, package installed): bash bench/batching_gpu.sh DIR
 set -uo pipefail
 dir=${1:?usage: bash bench/batching_gpu.sh DIR}
@@ -52,7 +53,7 @@ esac
 case $steps in *" zoo "*)
     for t in ${ZOO_TREES:-chain best-first:16 shared:16:32}; do
         tree=$([ "$t" = chain ] || echo "--tree $t")
-        timeout "${ZOO_TIMEOUT:-200}" python bench/batching.py --zoo out/small --modes "${ZOO_MODES:-ar,block}" $tree --draft-len 16 \
+        timeout "${ZOO_TIMEOUT:-200}" python bench/batching.py --zoo out/small --modes "${ZOO_MODES:-ar,block}" $tree --draft-len 16 ${ZOO_PROFILE:+--profile} \
             --batches "${ZOO_BATCHES:-1,16}" --prompts "${PROMPTS:-164}" --out "$dir/zoo_${t//:/_}.json" \
             >"$dir/zoo_${t//:/_}.log" 2>&1
         echo "zoo $t exit $?" >>"$dir/zoo_${t//:/_}.log"

@@ -31,9 +31,9 @@ def deal(fn, prompts: list, jobs: int, pool, *args) -> dict:
     return out
 
 
-def top_kernels(run, steps: int, device: str, n: int = 25) -> list[dict]:
+def top_kernels(run, steps: int, device: str, n: int = 25, total: bool = False) -> list[dict]:
     """The n operators that take the most time (device time on a GPU, else CPU time) while
-    `run()` runs `steps` steps, per step."""
+    `run()` runs `steps` steps, per step; with `total`, a last row "(all)" sums every operator."""
     import torch
     from torch.profiler import ProfilerActivity
 
@@ -42,8 +42,13 @@ def top_kernels(run, steps: int, device: str, n: int = 25) -> list[dict]:
     with torch.profiler.profile(activities=acts) as prof:
         run()
     key = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
-    rows = sorted(prof.key_averages(), key=key, reverse=True)[:n]
-    return [{"name": e.key[:120], "calls_per_step": e.count / steps, "ms_per_step": key(e) / 1e3 / steps} for e in rows]
+    events = sorted(prof.key_averages(), key=key, reverse=True)
+    rows = [{"name": e.key[:120], "calls_per_step": e.count / steps, "ms_per_step": key(e) / 1e3 / steps}
+            for e in events[:n]]
+    if total:
+        rows.append({"name": "(all)", "calls_per_step": sum(e.count for e in events) / steps,
+                     "ms_per_step": sum(map(key, events)) / 1e3 / steps})
+    return rows
 
 
 def recipe(ap, args):
