@@ -5,15 +5,18 @@ writing its JSON under --out-dir as it finishes:
          path `specpilot generate` takes), bf16: best-first:N (tree mode) and TLV with N nodes (Q-pass
          tree depth --q-depth); τ per exact pass (tokens an exact target pass commits, run()'s
          tau_mean) of each and their ratio (bar ≥ 1.6); the Q pass's top-1 agreement with the exact
-         pass, teacher-forced on TLV's outputs (bar ≥ 0.97); tokens/s; token forcing of TLV's outputs
-         against stock's (chain, the same drafter), δ calibrated on AR (`--no-force` skips it).
+         pass, teacher-forced on TLV's outputs (bar ≥ 0.97); tokens/s of each and TLV over best-first
+         (on CUDA both run the static driver, captured; `--tlv-driver eager` runs TLV's cycle on the
+         eager one, which times its drafts apart); token forcing of TLV's outputs against stock's
+         (chain, the same drafter), δ calibrated on AR (`--no-force` skips it).
   qpass  the Llama-3.1-8B shape with random bf16 weights (CUDA): one eager pass (as TLV runs it,
          engine/tlv.tree_pass) over a random tree of N nodes after a 512-token prompt, for the exact
          target with bf16 weights, the Q pass (view-only W12 GEMM) and the exact target with W12
          weights → q_over_exact_bf16 at each N (bar ≤ 0.8 at N = 32).
   merge  tau.json and qpass.json of DIR → one result with the headline figures and the cost model's
          projected speed-up of TLV over best-first (tlv_cycle with the measured pass times at the 8B
-         shape, the pair's measured draft time per step and the τs of `tau`).
+         shape, the pair's measured draft time per step and the τs of `tau`; only where TLV ran on
+         the eager driver, the one that times drafts apart).
 
   python bench/tlv.py tau --zoo zoo/checkpoints/micro --device cpu --prompts 16 --out-dir /tmp/tlv
   python bench/tlv.py tau qpass --zoo out/small --out-dir DIR; python bench/tlv.py merge DIR --out bench/results/tlv.json
@@ -54,13 +57,14 @@ def run_system(zoo: Path, args, mode: str, **extra) -> tuple[Engine, dict]:
     reqs = requests(args.prompts, args.new_tokens)
     engine.generate(reqs[0])
     res = engine.run(reqs)
-    print(f"  {mode:5s} {extra}: τ {res['tau_mean']:.3f}  {res['tokens_per_s']:.1f} tok/s  {res['steps']} passes",
-          flush=True)
+    print(f"  {mode:5s} {extra}: τ {res['tau_mean']:.3f}  {res['tokens_per_s']:.1f} tok/s  {res['steps']} passes "
+          f"({res['driver']} driver)", flush=True)
     return engine, res
 
 
 def summary(res: dict) -> dict:
     return {"tau_per_exact_pass": res["tau_mean"], "tokens_per_s": res["tokens_per_s"], "exact_passes": res["steps"],
+            "driver": res["driver"],
             "draft_s_per_pass": res["time_s"]["draft"] / max(1, res["steps"]),
             "quick_s_per_pass": res["time_s"]["quick"] / max(1, res["steps"]), "time_s": res["time_s"]}
 
@@ -68,7 +72,7 @@ def summary(res: dict) -> dict:
 def part_tau(args) -> dict:
     zoo, n = Path(args.zoo), args.nodes
     _, best = run_system(zoo, args, "tree", tree=f"best-first:{n}")
-    engine, tlv = run_system(zoo, args, "tlv", tlv_nodes=n, tlv_q_depth=args.q_depth)
+    engine, tlv = run_system(zoo, args, "tlv", tlv_nodes=n, tlv_q_depth=args.q_depth, driver=args.tlv_driver)
     agree, positions = 0.0, 0
     for r, o in zip(requests(args.prompts, args.new_tokens), tlv["outputs"], strict=True):
         seq = engine.encode(r) + list(o["tokens"])
@@ -77,6 +81,7 @@ def part_tau(args) -> dict:
     out = {"zoo": str(zoo), "drafter": args.drafter, "prompts": len(tlv["outputs"]), "new_tokens": args.new_tokens,
            "nodes": n, "q_depth": args.q_depth, "draft_len": args.draft_len, "best_first": summary(best),
            "tlv": summary(tlv), "tau_ratio": tlv["tau_mean"] / best["tau_mean"],
+           "tlv_over_best_first": tlv["tokens_per_s"] / best["tokens_per_s"],
            "q_agreement": agree / positions, "agreement_positions": positions,
            "outputs_equal_best_first": sum(a["tokens"] == b["tokens"] for a, b in zip(tlv["outputs"], best["outputs"]))}
     if args.force:
@@ -143,7 +148,8 @@ def merge(folder: Path) -> dict:
     for key in ("device", "date", "git_sha"):
         out[key] = ", ".join(dict.fromkeys(str(p.get(key)) for p in parts.values()))
     tau, qp = parts.get("tau", {}), parts.get("qpass", {})
-    out |= {k: tau[k] for k in ("tau_ratio", "q_agreement", "forcing_passed", "nodes", "prompts") if k in tau}
+    out |= {k: tau[k] for k in ("tau_ratio", "tlv_over_best_first", "q_agreement", "forcing_passed", "nodes",
+                                "prompts") if k in tau}
     if "best_first" in tau:
         out["tau_best_first"] = tau["best_first"]["tau_per_exact_pass"]
         out["tau_tlv"] = tau["tlv"]["tau_per_exact_pass"]
@@ -152,7 +158,8 @@ def merge(folder: Path) -> dict:
     if cell:
         out["q_over_exact_bf16"] = cell["q_over_exact_bf16"]
         out["q_over_exact_w12"] = cell["q_over_exact_w12"]
-    if cell and "tlv" in tau:  # T_step = draft + exact pass; T_cycle = two drafts + Q + exact (glue apart)
+    if cell and "tlv" in tau and tau["tlv"].get("driver", "eager") == "eager":
+        # T_step = draft + exact pass; T_cycle = two drafts + Q + exact (glue apart)
         # one draft's time: half of what TLV's two drafts took per exact pass (the static driver does not
         # time its drafts apart)
         t_draft, t_exact = tau["tlv"]["draft_s_per_pass"] / 2, cell["exact_bf16_ms"] / 1e3
@@ -175,6 +182,7 @@ def main() -> int:
     ap.add_argument("--q-depth", type=int, default=8)
     ap.add_argument("--draft-len", type=int, default=16)
     ap.add_argument("--pass-nodes", default="15,31,63", help="qpass: tree sizes")
+    ap.add_argument("--tlv-driver", choices=("auto", "eager"), default="auto", help="tau: TLV's driver")
     ap.add_argument("--no-force", dest="force", action="store_false")
     ap.add_argument("--out-dir", default="bench/results/tlv_parts")
     ap.add_argument("--out", default="bench/results/tlv.json", help="merge: the merged result")

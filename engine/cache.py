@@ -154,6 +154,16 @@ class StaticCache:
         for t in (self.lengths, *self.h.values(), *self.conv.values()):
             t.zero_() if lane is None else t.index_fill_(0, lane, 0)
 
+    def snapshot(self) -> tuple[torch.Tensor, ...]:
+        """Copies of what a pass planned with `commit_all` changes below the committed lengths
+        (the lengths, the recurrent and conv state); K/V past the lengths is never read."""
+        return tuple(t.clone() for t in (self.lengths, *self.h.values(), *self.conv.values()))
+
+    def restore(self, snap: tuple[torch.Tensor, ...]) -> None:
+        """Back to a `snapshot`: every pass since it forgotten."""
+        for t, v in zip((self.lengths, *self.h.values(), *self.conv.values()), snap, strict=True):
+            t.copy_(v)
+
     def view(self, buf: torch.Tensor) -> torch.Tensor:
         """A per-lane buffer ([lanes, ...]) as the planned pass sees it: every lane, or a copy of its
         lanes (write through `put`)."""

@@ -5,7 +5,8 @@ Output is token-for-token what AR produces (up to ties broken differently by dif
 
 With `tlv` (tlv.py, two-level verification) the tree comes from a cycle instead: a Q pass over
 the drafter's tree picks a chain, a second draft from the chain's end grows it, and the one exact
-pass verifies and commits it as it does any tree (eager driver only).
+pass verifies and commits it as it does any tree (the eager driver here; the static driver runs
+the same cycle on the device, fast.FastDecoder._two_level, for drafters that draft there).
 
 Two drivers share the model code: this module's eager one (the CPU, tests, the demo) and the
 static-shape one in fast.py. `generate(driver=...)` picks one (`pick_driver`): "auto" takes the
@@ -87,17 +88,18 @@ def emit(out: list[int], new: list[int], eos: set[int], limit: int) -> bool:
     return False
 
 
-def pick_driver(target: Model, drafter: Drafter | None, policy, driver: str = "auto") -> str:
+def pick_driver(target: Model, drafter: Drafter | None, policy, driver: str = "auto", tlv=None) -> str:
     """The driver `generate` runs, "static" or "eager", for a choice in DRIVERS: "auto" is the
-    static driver on a CUDA device where it runs this drafter and policy (fast.unsupported), else
-    the eager one; "static" where it cannot run them is refused with the reason."""
+    static driver on a CUDA device where it runs this drafter and policy, or two-level
+    verification `tlv` (fast.unsupported), else the eager one; "static" where it cannot run them
+    is refused with the reason."""
     if driver not in DRIVERS:
         raise ValueError(f"driver {driver!r}: expected one of {DRIVERS}")
     if driver == "eager":
         return driver
     from . import fast
 
-    why = fast.unsupported(drafter, policy)
+    why = fast.unsupported(drafter, policy, tlv)
     if driver == "static" and why:
         raise ValueError(f"driver 'static' cannot run {why}; use driver 'auto' or 'eager'")
     return "static" if driver == "static" or (target.lm_head_weight.device.type == "cuda" and not why) else "eager"
@@ -114,25 +116,21 @@ def generate(target: Model, prompt: list[int], max_new_tokens: int, drafter: Dra
     `record`, when given, receives one `StepRecord` per target pass (see replay.py).
     `logit_bias` [V] is a planted defect for the controller's self-tests (added to the target's
     logits before every argmax); never set it otherwise. `driver`: auto | static | eager (see
-    `pick_driver`); the result says which one ran. Two-level verification runs on the eager
-    driver only."""
+    `pick_driver`); the result says which one ran."""
     if not prompt:
         raise ValueError("prompt must hold at least one token")
     if tlv is not None:
         from .tlv import check_drafter
 
         check_drafter(drafter)
-        if driver == "static":
-            raise ValueError("driver 'static' cannot run two-level verification (it runs on the eager driver); "
-                             "use driver 'auto' or 'eager'")
-    driver = "eager" if tlv is not None else pick_driver(target, drafter, policy, driver)
+    driver = pick_driver(target, drafter, policy, driver, tlv)
     if max_new_tokens <= 0:
         return Result([], driver=driver)
     eos = set(target.cfg.eos_token_id) if eos is None else eos
     if driver == "static":  # the static-shape driver and, on CUDA, its graphs (fast.py)
         from . import fast
 
-        dec = fast.decoder(target, drafter, draft_len, policy, logit_bias, len(prompt) + max_new_tokens)
+        dec = fast.decoder(target, drafter, draft_len, policy, logit_bias, len(prompt) + max_new_tokens, tlv=tlv)
         return dec.generate(prompt, max_new_tokens, eos, record)
     policy = policy or trees.chain
     dev = target.lm_head_weight.device

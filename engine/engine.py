@@ -27,7 +27,7 @@ MODES = ("ar", "chain", "tree", "tlv")
 class EngineConfig:
     target: str
     drafter: str | None = None  # checkpoint folder, or "ngram"
-    mode: str = "chain"  # ar | chain | tree | tlv (two-level verification, engine/tlv.py; eager driver)
+    mode: str = "chain"  # ar | chain | tree | tlv (two-level verification, engine/tlv.py)
     tree: str = "best-first:32"  # tree mode: best-first:N | topk:K:N | sequoia:N | shared:N:C | chain
     profile: str | None = None  # sequoia: an acceptance profile (JSON) from `specpilot replay --profile-out`
     draft_len: int = 8
@@ -91,12 +91,10 @@ class EngineConfig:
                              "cannot run it (use 'auto' or 'static')")
         if self.mode == "tlv":
             check_tlv(self.tlv_nodes, self.tlv_q_depth)
-            if self.driver == "static":
-                raise ValueError("mode 'tlv': runs on the eager driver; driver 'static' cannot run it (use 'auto' "
-                                 "or 'eager')")
-            if self.draft_lens is not None:
-                raise ValueError(f"draft_lens {self.draft_lens!r}: runs on the static driver; mode 'tlv' runs on "
-                                 "the eager one")
+            for name, on in (("draft_lens", self.draft_lens is not None), ("admit_steps", self.admit_steps)):
+                if on:
+                    raise ValueError(f"{name}: mode 'tlv' does not combine with it (its trees come from the cycle; "
+                                     f"drop --{name.replace('_', '-')})")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"device {self.device!r} asked for, but CUDA is not available here; use --device cpu")
 
@@ -173,7 +171,7 @@ class Engine:
         if cfg.mode == "tlv":
             check_drafter(self.drafter)
             self.tlv = TwoLevel(self.target, cfg.tlv_nodes, cfg.tlv_q_depth)
-        self.driver = "eager" if self.tlv else pick_driver(self.target, self.drafter, self.policy, cfg.driver)
+        self.driver = pick_driver(self.target, self.drafter, self.policy, cfg.driver, self.tlv)
         self.lengths = parse_draft_lens(cfg.draft_lens, cfg.draft_len) if cfg.draft_lens else None
         if self.lengths:  # the static driver's mechanism, at every batch size
             from . import fast
@@ -208,9 +206,11 @@ class Engine:
 
             res = fast.decoder(self.target, self.drafter, self.cfg.draft_len, self.policy, self.bias, len(prompt) + n,
                                lengths=self.lengths).generate(prompt, n, record=record)
-        else:
+        else:  # records of two-level cycles: the eager driver's (the static one keeps none)
+            driver = "eager" if record is not None and self.tlv is not None and self.cfg.driver == "auto" else \
+                self.driver
             res = generate(self.target, prompt, n, self.drafter, self.cfg.draft_len, policy=self.policy,
-                           record=record, logit_bias=self.bias, driver=self.driver, tlv=self.tlv)
+                           record=record, logit_bias=self.bias, driver=driver, tlv=self.tlv)
         self._slow(t0)
         return res
 
@@ -223,12 +223,10 @@ class Engine:
 
         if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
             raise ValueError(f"batch {batch!r}: expected a positive integer")
-        if self.tlv is not None:
-            raise ValueError(f"batch {batch}: mode 'tlv' decodes one request at a time (eager driver); use batch 1")
         if self.cfg.driver == "eager":
             raise ValueError("driver 'eager' decodes one request at a time; batched decoding runs the static "
                              "driver (use driver 'auto' or 'static')")
-        why = fast.unsupported(self.drafter, self.policy)
+        why = fast.unsupported(self.drafter, self.policy, self.tlv)
         if why:
             raise ValueError(f"batch {batch}: batched decoding cannot run {why}; use batch 1")
         if not requests:
@@ -239,7 +237,7 @@ class Engine:
         t0 = time.perf_counter()
         dec = fast.decoder(self.target, self.drafter, self.cfg.draft_len, self.policy, self.bias,
                            max(len(p) + n for p, n in zip(prompts, limits)), lanes, self.lengths,
-                           self.cfg.admit_steps)
+                           self.cfg.admit_steps, self.tlv)
         out = dec.generate_batch(prompts, limits, progress=progress)
         self._slow(t0)
         return out

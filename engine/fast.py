@@ -124,6 +124,16 @@ class _FeatureDraft:
         self._keep(h.gather(1, last)[:, 0])
         self.cache.lengths += tau
 
+    def mark(self) -> tuple:
+        """What `rewind` restores: the cache's lengths and state, the last rows (pointer keys and
+        tokens past the lengths are never read)."""
+        return self.cache.snapshot(), self.hidden.clone(), self.logits.clone()
+
+    def rewind(self, mark: tuple) -> None:
+        """Forget every `observe` since `mark()` (two-level verification drafts from an uncommitted chain)."""
+        self.cache.restore(mark[0])
+        self.hidden.copy_(mark[1]), self.logits.copy_(mark[2])
+
     def propose(self, root):
         """Every lane's lattice from its roots [B]: tokens and scores [B, m, k], transitions or None."""
         net, m = self.net, self.m
@@ -172,6 +182,12 @@ class _DraftLMDraft:
         self.model(path_tokens, self.cache, logits=False)
         self.cache.lengths += tau
 
+    def mark(self):
+        return self.cache.snapshot()
+
+    def rewind(self, mark) -> None:
+        self.cache.restore(mark)
+
     def propose(self, root):
         tok, rows = root[:, None], []
         for i in range(self.m):
@@ -182,10 +198,13 @@ class _DraftLMDraft:
         return (*_lattice(torch.stack(rows, 1)), None)
 
 
-def unsupported(drafter: Drafter | None, policy) -> str | None:
-    """Why the static driver cannot run this drafter and policy (None: it can): a host drafter
-    that reads target features (the static step keeps them on the device), or a policy without a
-    static form (treeops.spec_for)."""
+def unsupported(drafter: Drafter | None, policy, tlv=None) -> str | None:
+    """Why the static driver cannot run this drafter and policy, or two-level verification `tlv`
+    (None: it can): a host drafter that reads target features (the static step keeps them on the
+    device), a policy without a static form (treeops.spec_for), or TLV with a host drafter (its
+    second draft starts from a chain that only the device holds)."""
+    if tlv is not None and not isinstance(drafter, (FeatureDrafter, DraftLM)):
+        return f"two-level verification with a {getattr(drafter, 'kind', None)} drafter (it drafts on the host)"
     if drafter is not None and not isinstance(drafter, (FeatureDrafter, DraftLM)) and drafter.target_layers:
         return f"a {drafter.kind} drafter that reads target features on the host"
     if not (policy is None or policy is trees.chain or isinstance(policy, trees.TreePolicy)):
@@ -193,13 +212,16 @@ def unsupported(drafter: Drafter | None, policy) -> str | None:
     return None
 
 
-def plan(drafter: Drafter | None, draft_len: int, policy, lanes: int = 1) -> tuple[int, treeops.TreeSpec]:
+def plan(drafter: Drafter | None, draft_len: int, policy, lanes: int = 1, tlv=None) -> tuple[int, treeops.TreeSpec]:
     """(drafted positions per step, the static tree) of a decoder of `lanes` requests for this
-    drafter, draft length and policy: a block drafter drafts at most its block."""
+    drafter, draft length and policy, or two-level verification `tlv` (the exact pass's tree): a
+    block drafter drafts at most its block."""
     if drafter is None:
         return 0, treeops.TreeSpec("chain", 0, 0)
     block = getattr(drafter, "block_size", None)
     m = min(draft_len, block) if block and drafter.kind != "sequential" else draft_len
+    if tlv is not None:
+        return m, treeops.tlv_specs(tlv.nodes, tlv.q_depth, m)[2]
     name, args, shape = ("chain", (), None) if policy is None or policy is trees.chain else \
         (policy.name, policy.args, policy.shape)
     return m, treeops.spec_for(name, args, m, shape, lanes)
@@ -271,18 +293,23 @@ class FastDecoder:
     def __init__(self, target: Model, drafter: Drafter | None = None, draft_len: int = 8, policy=None,
                  max_len: int = 1024, graphs: bool | None = None, compile: bool | None = None,
                  logit_bias: torch.Tensor | None = None, lanes: int = 1, lengths: tuple[int, ...] | None = None,
-                 admit_steps: int = 0):
+                 admit_steps: int = 0, tlv=None):
         if lanes < 1:
             raise ValueError(f"lanes {lanes}: a decoder runs at least one request")
         if lengths is not None and (drafter is None or not lengths or min(lengths) < 1):
             raise ValueError(f"lengths {lengths!r}: positive draft lengths, for a decoder with a drafter")
         check_admit_steps(admit_steps)
+        if tlv is not None:
+            why = unsupported(drafter, policy, tlv)
+            if why or lengths is not None or admit_steps:
+                raise ValueError(f"the static driver cannot run {why}" if why else "two-level verification runs "
+                                 "with neither per-request draft lengths nor prompt admission")
         with on_device(target.lm_head_weight.device):
             self._build(target, drafter, draft_len, policy, max_len, graphs, compile, logit_bias, lanes, lengths,
-                        admit_steps)
+                        admit_steps, tlv)
 
     def _build(self, target, drafter, draft_len, policy, max_len, graphs, compile, logit_bias, lanes,
-               lengths=None, admit_steps=0) -> None:
+               lengths=None, admit_steps=0, tlv=None) -> None:
         dev = target.lm_head_weight.device
         self.target, self.dev, self.drafter, self.lanes = target.fuse(), dev, drafter, lanes
         self.graphs = dev.type == "cuda" if graphs is None else graphs
@@ -291,7 +318,9 @@ class FastDecoder:
         self.bias_source = logit_bias  # kept: `decoder` tells biases apart by identity
         self.bias = logit_bias.to(dev, target.dtype) if logit_bias is not None else None
         self.layers, self.device_draft, self.hosts, self.tables = (), None, [], None
-        self.m, self.spec = plan(drafter, draft_len, policy, lanes)
+        self.m, self.spec = plan(drafter, draft_len, policy, lanes, tlv)
+        self.tlv = tlv  # two-level verification (tlv.TwoLevel): its quick model and trees ① and ②
+        self.tlv_specs = None if tlv is None else treeops.tlv_specs(tlv.nodes, tlv.q_depth, self.m)[:2]
         if drafter is not None:
             self.tables = treeops.sequoia_tables(self.spec, dev) if self.spec.kind == "sequoia" else None
             self.lat = (torch.full((lanes, self.m, TOP_K), -1, dtype=torch.long, device=dev),
@@ -354,7 +383,7 @@ class FastDecoder:
         if self.drafter is None:
             z = torch.zeros(self.lanes, 1, dtype=torch.long, device=self.dev)
             return treeops.TreeRows(self.root[:, None], z, z, torch.ones_like(z, dtype=torch.bool))
-        return self._build_tree(self._propose())
+        return self._build_tree(self._propose()) if self.tlv is None else self._two_level(self._propose())
 
     def _propose(self) -> bool:
         """The drafter's lattice of every lane into `lat` (a host drafter's is there already);
@@ -378,6 +407,34 @@ class FastDecoder:
         if self.spec.kind == "shared":
             return treeops.build_shared(self.spec, self.root, tok, logp, trans, self.active)
         return treeops.build_lanes(self.spec, self.root, tok, logp, trans, self.tables)
+
+    def _two_level(self, transitions: bool) -> treeops.TreeRows:
+        """Two-level verification's tree for the exact pass, every lane in the same kernels (tlv.py's
+        cycle): tree ① from the lattice's first q_depth positions; the Q pass over it (its rows
+        land where the exact pass's will, and nothing is committed); chain C, its greedy path and
+        bonus; draft ② from C's end (the drafter observes C with the Q pass's features, proposes,
+        and forgets C); C, then draft ②'s best N − |C| nodes under its end."""
+        first_spec, sub_spec = self.tlv_specs
+        d = first_spec.max_depth
+        tok, logp, trans = self.lat
+        first = treeops.build_lanes(first_spec, self.root, tok[:, :d], logp[:, :d],
+                                    trans[:, : d - 1] if transitions else None)
+        self.cache.plan(first_spec.rows, first.parents, first.depth, d)
+        out = self.tlv.quick(first.tokens, self.cache, feature_layers=self.layers, greedy=self.bias is None)
+        argmax = out.argmax if self.bias is None else (out.logits + self.bias).argmax(-1)
+        path, tau = treeops.accept(first, argmax, self.cache.ctx.anc, d + 1)
+        chain = torch.cat((first.tokens.gather(1, path), torch.zeros_like(tau)[:, None]), 1)  # [B, d + 2]
+        chain.scatter_(1, tau[:, None], argmax.gather(1, path.gather(1, (tau - 1)[:, None])))  # the path, its bonus
+        n = tau.clamp(max=first_spec.nodes)  # C's tokens past the root
+        end = chain.gather(1, n[:, None])[:, 0]
+        feats = None if out.features is None else \
+            out.features.gather(1, path[..., None].expand(-1, -1, out.features.shape[-1]))
+        mark = self.device_draft.mark()
+        self.device_draft.observe(chain[:, :-1], chain[:, 1:], feats, n * self.active)
+        tok2, logp2, trans2 = self.device_draft.propose(end)
+        self.device_draft.rewind(mark)
+        sub = treeops.build_budget(sub_spec, end, tok2, logp2, trans2, first_spec.nodes - n)
+        return treeops.join(chain, n, sub)
 
     def _feeding(self, tree: treeops.TreeRows):
         """Every lane's rows with the prompt rows of the lanes still feeding a prompt: their next
@@ -572,6 +629,8 @@ class FastDecoder:
     def _generate(self, prompt, max_new_tokens, eos, record) -> Result:
         if self.lanes != 1:
             raise ValueError(f"generate decodes one request; a decoder of {self.lanes} lanes runs generate_batch")
+        if record is not None and self.tlv is not None:
+            raise ValueError("records of two-level cycles are kept by the eager driver (use driver 'eager')")
         self._check(prompt, max_new_tokens)
         res = Result([], driver="static")
         if max_new_tokens <= 0:
@@ -769,20 +828,20 @@ class _Decoders(dict):
 
 
 def decoder(target: Model, drafter: Drafter | None, draft_len: int, policy, logit_bias, need: int,
-            lanes: int = 1, lengths: tuple[int, ...] | None = None, admit_steps: int = 0) -> FastDecoder:
+            lanes: int = 1, lengths: tuple[int, ...] | None = None, admit_steps: int = 0, tlv=None) -> FastDecoder:
     """The target's decoder for this drafter / draft length / policy / bias / lanes / draft lengths /
-    prompt admission, built (and captured) once, and rebuilt larger (`size_for`) when a request
-    needs more than its capacity.
+    prompt admission / two-level verification, built (and captured) once, and rebuilt larger
+    (`size_for`) when a request needs more than its capacity.
     Decoders hold their target, so they are kept on it (`_static_decoders`): the cycle dies with
     the target."""
     key = (id(drafter), draft_len, policy if isinstance(policy, trees.TreePolicy) else None,
            None if logit_bias is None else id(logit_bias), target.lm_head_weight.device, target.dtype, lanes, lengths,
-           admit_steps)
+           admit_steps, None if tlv is None else id(tlv))
     mine = target.__dict__.setdefault("_static_decoders", _Decoders())
     dec = mine.get(key)
     if dec is None or dec.capacity < need:
         mine.pop(key, None)
-        size = size_for(plan(drafter, draft_len, policy, lanes)[1], need)
+        size = size_for(plan(drafter, draft_len, policy, lanes, tlv)[1], need)
         dec = mine[key] = FastDecoder(target, drafter, draft_len, policy, size, logit_bias=logit_bias, lanes=lanes,
-                                      lengths=lengths, admit_steps=admit_steps)
+                                      lengths=lengths, admit_steps=admit_steps, tlv=tlv)
     return dec

@@ -14,6 +14,9 @@ equal trees.py's wherever no two candidates tie exactly.
 A batch's shared budget (`shared:N:C`, `build_shared`) is one such selection over every active
 lane's lattice: each lane's C best nodes (its largest possible share, the rows every lane plans),
 then the B·N best of those across lanes; a lane's rows outside its share are invalid.
+
+Two-level verification's exact tree (`join`) is a chain, the quick pass's greedy path, with a
+second draft's best-first subtree of the remaining budget (`build_budget`) hung from its end.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ NEG = float("-inf")
 class TreeSpec:
     """A policy's static description: `nodes` rows besides the root, at most `max_depth` deep."""
 
-    kind: str  # chain | best-first | topk | sequoia
+    kind: str  # chain | best-first | topk | sequoia | shared | tlv (two-level verification's exact tree)
     nodes: int
     max_depth: int
     beam: int = 0  # topk: K
@@ -65,6 +68,17 @@ def spec_for(name: str, args: tuple[int, ...], positions: int, profile_shape=Non
                 index[path] = len(nodes)
         return TreeSpec("sequoia", len(nodes), max((p for p, _, _ in nodes), default=-1) + 1, shape=tuple(nodes))
     raise ValueError(f"tree policy {name!r} has no static form")
+
+
+def tlv_specs(nodes: int, q_depth: int, positions: int) -> tuple[TreeSpec, TreeSpec, TreeSpec]:
+    """Two-level verification's trees over lattices of `positions` drafted positions (tlv.py):
+    tree ① (best-first, N nodes, at most q_depth deep), draft ②'s subtree (best-first, up to N
+    nodes) and the exact pass's (N nodes: chain C, at most min(q_depth + 1, N) tokens past the
+    root, then the subtree under C's end)."""
+    depth = min(positions, trees.MAX_DEPTH)
+    first, sub = TreeSpec("best-first", nodes, min(q_depth, depth)), TreeSpec("best-first", nodes, depth)
+    chain = min(first.max_depth + 1, nodes)
+    return first, sub, TreeSpec("tlv", nodes, min(chain + depth, nodes))
 
 
 class TreeRows(NamedTuple):
@@ -113,8 +127,7 @@ def build_lanes(spec: TreeSpec, roots: torch.Tensor, tokens: torch.Tensor, logp:
     if spec.kind == "chain":
         return _chain(spec, roots, tokens, trans)
     if spec.kind == "best-first":
-        pool = _pool(spec.nodes, spec.max_depth, tokens, *scores(tokens, logp, trans))
-        _, sel = (pool[0] - EPS * pool[3]).topk(spec.nodes, dim=-1)
+        pool, _, sel = _ranked(spec, tokens, logp, trans)
         return _pick(roots, tokens, pool, sel, torch.ones_like(sel, dtype=torch.bool))
     if spec.kind == "topk":
         return _topk(spec, roots, tokens, *scores(tokens, logp, trans))
@@ -206,6 +219,49 @@ def _pick(roots, tokens, pool, sel, keep) -> TreeRows:
     return _rows(roots, tokens, d_sel - 1, cand.gather(1, sel), parents, d_sel, keep & (flat.gather(1, sel) > NEG))
 
 
+def _ranked(spec: TreeSpec, tokens, logp, trans):
+    """Every lane's pool (`_pool`, beam spec.nodes) and its spec.nodes best nodes, best first:
+    their ranking keys [B, N] and pool indices [B, N]. Any prefix of a lane's ranking is a
+    prefix-closed tree (a child ranks below its parent), the best-first tree of that many nodes."""
+    pool = _pool(spec.nodes, spec.max_depth, tokens, *scores(tokens, logp, trans))
+    top, sel = (pool[0] - EPS * pool[3]).topk(spec.nodes, dim=-1)
+    return pool, top, sel
+
+
+def build_budget(spec: TreeSpec, roots: torch.Tensor, tokens: torch.Tensor, logp: torch.Tensor,
+                 trans: torch.Tensor | None, budget: torch.Tensor) -> TreeRows:
+    """Best-first trees of a node budget per lane, budget [B] ≤ spec.nodes: lane b's budget[b]
+    best nodes, as spec.rows rows (the others invalid)."""
+    pool, top, sel = _ranked(spec, tokens, logp, trans)
+    kept = (torch.arange(spec.nodes, device=tokens.device) < budget[:, None]) & (top > NEG)
+    return _pick(roots, tokens, pool, sel, kept)
+
+
+def join(chain: torch.Tensor, n: torch.Tensor, sub: TreeRows) -> TreeRows:
+    """Two-level verification's exact tree of every lane (tlv.join on the device): the chain's
+    first n + 1 tokens (chain [B, ≥ n + 1], the root first) as one path, then `sub`'s valid
+    nodes (sub [B, R], rooted at chain[n]) hung from its last row, in sub's order; R rows in all
+    (n + the valid nodes ≤ R − 1), the rest invalid."""
+    B, R = sub.tokens.shape
+    dev = sub.tokens.device
+    r = torch.arange(R, device=dev).expand(B, R)
+    ok = sub.valid[:, 1:]  # [B, R - 1]: sub's nodes (row j + 1)
+    idx = torch.arange(R - 1, device=dev)
+    order = torch.where(ok, idx, idx + R).sort(dim=1).indices  # the valid nodes first, in order
+    rank = ok.long().cumsum(1) - 1  # a valid node's place among them
+    n = n[:, None]
+    c = r - n - 1  # row r > n holds the valid node of place c
+    real = (c >= 0) & (c < ok.sum(1, keepdim=True))
+    s = order.gather(1, c.clamp(0, R - 2)) + 1  # its row in sub
+    sp = sub.parents.gather(1, s)
+    parents = torch.where(sp == 0, n, n + 1 + rank.gather(1, (sp - 1).clamp_min(0)))
+    on_chain = r <= n
+    return TreeRows(torch.where(on_chain, chain.gather(1, r.clamp(max=chain.shape[1] - 1)), sub.tokens.gather(1, s)),
+                    torch.where(on_chain, (r - 1).clamp_min(0), torch.where(real, parents, 0)),
+                    torch.where(on_chain, r, torch.where(real, n + sub.depth.gather(1, s), 1)),
+                    on_chain | real)
+
+
 def share(top: torch.Tensor, budget: torch.Tensor) -> torch.Tensor:
     """Which of every lane's best nodes a shared budget takes: top [B, C], each lane's ranking keys
     best first (-inf: none); the `budget` (0-d) best of all lanes, ties to the earlier lane and
@@ -223,8 +279,7 @@ def build_shared(spec: TreeSpec, roots: torch.Tensor, tokens: torch.Tensor, logp
     or None; roots, active [B]): the spec.share · (active lanes) nodes of highest path score over
     every active lane's lattice, at most spec.nodes of one lane (trees.shared_best_first). Every
     lane gets spec.rows rows; those outside its share (and an idle lane's) are invalid."""
-    pool = _pool(spec.nodes, spec.max_depth, tokens, *scores(tokens, logp, trans))
-    top, sel = (pool[0] - EPS * pool[3]).topk(spec.nodes, dim=1)
+    pool, top, sel = _ranked(spec, tokens, logp, trans)
     top = top.masked_fill(active[:, None] == 0, NEG)  # an idle lane takes no share
     taken = share(top, active.sum() * spec.share) & (top > NEG)
     return _pick(roots, tokens, pool, sel, taken)

@@ -203,8 +203,10 @@ class SearchAgent:
                 if system == ctx.incumbent:
                     skipped.append({"name": name, "reason": "the incumbent already runs it"})
                     continue
-                if opts.get("mode") == "tlv" and batch > 1:
-                    skipped.append({"name": name, "reason": "two-level verification decodes one request at a time"})
+                if opts.get("mode") == "tlv" and batch > 1 and system.get("drafter") == "ngram":
+                    skipped.append({"name": name, "reason": "two-level verification at a batch runs on the static "
+                                                            "driver, which drafts on the device; the system's n-gram "
+                                                            "drafter drafts on the host"})
                     continue
                 factor = "tree" if set(opts) <= TREE_OPTIONS else "kernels" if set(opts) <= KERNEL_OPTIONS else "unknown"
                 if opts.get("mode") == "tlv":  # more τ per exact pass, past the one-pass ceiling of the tree factor

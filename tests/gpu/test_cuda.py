@@ -261,3 +261,29 @@ def test_compiled_hybrid_training_with_the_triton_rule_matches_the_torch_rule():
     assert not [w for w in caught if "torch.compile failed" in str(w.message)]
     assert abs(l_torch - l_triton) < 1e-2 * abs(l_torch)
     assert (p_torch - p_triton).abs().mean() < 0.2 * (p_torch - init).abs().mean()
+
+
+@pytest.mark.parametrize("compile", [False, True])
+@pytest.mark.parametrize("family", ["llama", "hybrid"])
+def test_captured_two_level_cycles_equal_ar_float64_with_one_read_per_step(family, compile):
+    """Two-level verification in the static driver's captured step (its Q pass through the W12
+    views of the weights rounded to bf16): AR's tokens, alone and at batch, one read per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from specpilot.engine.tlv import TwoLevel
+
+    tgt = random_model(tiny_config(family, vocab=97), seed=2, dtype=torch.float64, device="cuda")
+    tl = TwoLevel(tgt, 16, 4, round_bf16=True)
+    dec = FastDecoder(tgt, drafter("block_markov", tgt), 8, None, max_len=256, graphs=True, compile=compile, tlv=tl)
+    for prompt in PROMPTS:
+        assert dec.generate(prompt, 48, eos=set()).tokens == cpu_ar(family, 2, 97, prompt, 48, eos=set())
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        res = dec.generate(PROMPTS[1], 40, eos=set())
+        torch.cuda.synchronize()
+    d2h = [e for e in prof.events() if "DtoH" in e.name or "Device -> Host" in e.name]
+    assert len(d2h) == 1 + len(res.steps) + 1
+    lanes = FastDecoder(tgt, drafter("block_markov", tgt), 8, None, max_len=256, graphs=True, compile=compile,
+                        lanes=2, tlv=tl)
+    got = lanes.generate_batch(list(PROMPTS) + [[5, 6]], [48, 30, 20], eos=set())
+    assert [r.tokens for r in got] == [cpu_ar(family, 2, 97, p, n, eos=set())
+                                       for p, n in zip(list(PROMPTS) + [[5, 6]], [48, 30, 20])]

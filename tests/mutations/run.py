@@ -12,8 +12,9 @@ feature drafter keeps after acceptance, fast._FeatureDraft.observe); the batch's
 (treeops.share / build_shared, lengths.clip) and the batch's admission (prompts prefilled together,
 padded: fast.FastDecoder._admit, the padding rows of a hybrid's prefill; prompts fed in verify steps:
 fast.FastDecoder._feeding and what the step commits and the drafter reads of them) only with several lanes; two-level verification's
-(decode.generate's acceptance of the Q pass's chain, tlv.TwoLevel.quick_pass dropping its rows)
-only where the Q pass is wrong or the target is a hybrid; the statistics' change the
+(decode.generate's acceptance of the Q pass's chain, tlv.TwoLevel.quick_pass dropping its rows,
+the static cycle's drafter forgetting chain C) only where the Q pass is wrong, the target is a
+hybrid or the cycle is compared with the eager one; the statistics' change the
 lower bound by a few percent (services/controller/stats.py).
 
     python tests/mutations/run.py                  # every mutation, Hypothesis seeds 0..7
@@ -254,6 +255,13 @@ MUTATIONS = [
         "engine/tlv.py",
         "    finally:\n        cache.commit(0)",
         "    finally:\n        pass",
+        tuple(TLV)),
+    Mutation(
+        "tlv-static-kept-chain",
+        "(f) two-level verification, static: the device drafter keeps chain C after draft ② (not rewound)",
+        "engine/fast.py",
+        "        self.device_draft.rewind(mark)\n",
+        "",
         tuple(TLV)),
     Mutation(
         "stats-population-sd",

@@ -1,5 +1,6 @@
 """The built-in search agent: variants from the memory, pruned by exact replay and the cost model."""
 
+import dataclasses
 import math
 
 import pytest
@@ -266,3 +267,14 @@ def test_tlv_is_proposed_only_where_its_q_pass_is_cheap_and_pruned_with_the_reas
     assert blind.propose(tlv_ctx(per_class=[])) == []
     assert all("no profile by kernel class" in p["pruned"] for p in blind.last_log["pruned"])
     assert rows_of(TLV[0].variants["n32-q8"]) == 33
+
+
+def test_tlv_at_a_batch_is_proposed_with_a_device_drafter_and_skipped_with_the_host_one():
+    views = SearchAgent(max_candidates=5, quick_bits=8)
+    ctx = tlv_ctx()
+    at_batch = dataclasses.replace(ctx, deployment={**ctx.deployment, "batch": 16})
+    assert {c.name for c in views.propose(at_batch)} == {f"tlv/{v}" for v in TLV[0].variants}
+    host = dataclasses.replace(at_batch, incumbent={**at_batch.incumbent, "drafter": "ngram"})
+    assert views.propose(host) == []
+    why = {s["name"]: s["reason"] for s in views.last_log["skipped"]}
+    assert all("n-gram drafter drafts on the host" in why[f"tlv/{v}"] for v in TLV[0].variants)

@@ -7,8 +7,12 @@ continuation), and the state left committed equals a plain pass over the same to
 holds with a planted Q pass that is wrong at random nodes (it sends the chain down a wrong child,
 or names a wrong bonus): only the exact pass accepts. The Q pass itself reads the W12 views
 (dropped bits at their midpoint, escapes exact) and leaves the committed state untouched.
-tests/mutations/run.py plants an exact pass that trusts the Q pass's chain and checks that this
-module fails.
+The static driver runs the same cycle on the device (fast.FastDecoder._two_level) for device
+drafters: on targets and drafters built to echo (test_fast_deep_drafters), its τ equals the eager
+cycle's step for step and its tokens AR's, with the true Q pass and with a Q pass of another
+model, alone and at batch.
+tests/mutations/run.py plants an exact pass that trusts the Q pass's chain, and a static cycle
+whose drafter keeps chain C, and checks that this module fails.
 """
 
 import random
@@ -211,7 +215,7 @@ def test_options_are_checked_with_one_line_errors():
     base = {"target": "t", "drafter": "ngram", "mode": "tlv"}
     EngineConfig(**base).validate()
     for extra, field in (({"tlv_nodes": 0}, "tlv_nodes"), ({"tlv_nodes": 64}, "tlv_nodes"),
-                         ({"tlv_q_depth": 16}, "tlv_q_depth"), ({"driver": "static"}, "driver 'static'"),
+                         ({"tlv_q_depth": 16}, "tlv_q_depth"), ({"admit_steps": 2}, "admit_steps"),
                          ({"draft_lens": "8,4"}, "draft_lens")):
         with pytest.raises(ValueError, match=field) as e:
             EngineConfig(**base, **extra).validate()
@@ -219,7 +223,7 @@ def test_options_are_checked_with_one_line_errors():
     with pytest.raises(ValueError, match="needs a drafter"):
         EngineConfig(target="t", mode="tlv").validate()
     tl = two_level("llama", 8, 4)
-    with pytest.raises(ValueError, match="driver 'static'"):
+    with pytest.raises(ValueError, match="driver 'static' cannot run two-level verification with a ngram drafter"):
         generate(target("llama"), PROMPT, 4, NgramDrafter(), tlv=tl, driver="static")
     with pytest.raises(ValueError, match="forgetful drafter cannot forget"):
         generate(target("llama"), PROMPT, 4, Forgetful(), tlv=tl)
@@ -232,11 +236,94 @@ def test_the_engine_runs_tlv_on_the_micro_pair_as_ar():
     tgt, drafter, _ = micro_pair()
     req = [Request(id="a", prompt_ids=[5, 17, 300, 12, 9, 41, 7])]
     out = {}
-    for mode in ("ar", "tlv"):
+    for mode, driver in (("ar", "auto"), ("tlv", "auto"), ("tlv", "static")):
         eng = Engine(EngineConfig(target=str(tgt), drafter=str(drafter), mode=mode, draft_len=8, dtype="float64",
-                                  max_new_tokens=24, tlv_nodes=16, tlv_q_depth=6))
-        out[mode] = eng.run(req)
-    assert out["tlv"]["outputs"][0]["tokens"] == out["ar"]["outputs"][0]["tokens"]
-    assert out["tlv"]["driver"] == "eager" and out["tlv"]["time_s"]["quick"] > 0
-    with pytest.raises(ValueError, match="one request at a time"):
-        eng.generate_batch(req, 2)
+                                  max_new_tokens=24, tlv_nodes=16, tlv_q_depth=6, driver=driver))
+        out[mode, driver] = eng.run(req)
+    ar = out["ar", "auto"]["outputs"][0]["tokens"]
+    assert out["tlv", "auto"]["outputs"][0]["tokens"] == ar == out["tlv", "static"]["outputs"][0]["tokens"]
+    assert out["tlv", "auto"]["driver"] == "eager" and out["tlv", "auto"]["time_s"]["quick"] > 0
+    assert out["tlv", "static"]["driver"] == "static"
+    two = [Request(id="b", prompt_ids=[9, 4, 12]), *req]
+    assert [r.tokens for r in eng.generate_batch(two, 2)] == [r.tokens for r in map(eng.generate, two)]
+    with pytest.raises(ValueError, match="records of two-level cycles"):
+        eng.generate(req[0], record=[])
+
+
+# ---- the static driver's cycle (device drafters) ---------------------------------------------------
+def echo_pair(family, kind):
+    from test_fast_deep_drafters import echo_drafter, echo_target
+
+    tgt = echo_target(family)
+    return tgt, echo_drafter(kind, tgt)
+
+
+def static_and_eager(family, kind, nodes, q_depth, other_quick=False, n=N):
+    """(static result, eager result, AR tokens) of TLV on the echo pair; with `other_quick` the Q
+    pass is a different random model of the target's shape (wrong at most nodes)."""
+    from test_fast_deep_drafters import DRAFT
+
+    from specpilot.engine.fast import FastDecoder
+
+    tgt, d = echo_pair(family, kind)
+    tl = TwoLevel(tgt, nodes, q_depth, round_bf16=True)
+    if other_quick:
+        tl.quick = random_model(tgt.cfg, seed=7, dtype=torch.float64)
+    dec = FastDecoder(tgt, d, DRAFT, None, max_len=256, graphs=False, compile=False, tlv=tl)
+    fast = dec.generate(PROMPT, n, eos=set())
+    eager = generate(tgt, PROMPT, n, echo_pair(family, kind)[1], DRAFT, eos=set(), driver="eager", tlv=tl)
+    return fast, eager, generate(tgt, PROMPT, n, eos=set(), driver="eager").tokens, dec
+
+
+def untruncated(res, nodes, n=N):
+    """The steps the eager cycle drafts in full (its drafts and chain stop at the token limit;
+    the static one's do not): those that start with room for every node and position."""
+    from test_fast_deep_drafters import DRAFT
+
+    out, at = [], 0
+    for i, s in enumerate(res.steps):
+        if n - at - 1 >= nodes + DRAFT:
+            out.append(i)
+        at += s.tau
+    return out
+
+
+@pytest.mark.parametrize("other_quick", [False, True])
+@pytest.mark.parametrize("kind", ["sequential", "block_markov"])
+@pytest.mark.parametrize("family", ["llama", "hybrid"])
+def test_the_static_cycle_equals_the_eager_one_and_ar(family, kind, other_quick):
+    nodes, q_depth = 12, 4
+    fast, eager, ar, _ = static_and_eager(family, kind, nodes, q_depth, other_quick)
+    assert fast.tokens == eager.tokens == ar
+    full = untruncated(eager, nodes)
+    assert len(full) >= 2
+    assert [fast.steps[i].tau for i in full] == [eager.steps[i].tau for i in full]
+    if not other_quick:  # deep: an exact pass commits more than tree ① holds, through C and draft ②
+        assert max(fast.steps[i].tau for i in full) > q_depth + 2, [s.tau for s in fast.steps]
+
+
+@settings(max_examples=12, deadline=None)
+@given(family=st.sampled_from(["llama", "hybrid"]), kind=st.sampled_from(["sequential", "block", "block_markov"]),
+       nodes=st.sampled_from([1, 2, 5, 12, 30]), q_depth=st.integers(1, 9), other_quick=st.booleans())
+def test_static_cycles_of_any_shape_are_lossless(family, kind, nodes, q_depth, other_quick):
+    fast, eager, ar, dec = static_and_eager(family, kind, nodes, q_depth, other_quick, n=24)
+    assert fast.tokens == ar
+    full = untruncated(eager, nodes, 24)
+    assert [fast.steps[i].tau for i in full] == [eager.steps[i].tau for i in full]
+    assert all(s.tau <= dec.spec.max_depth + 1 and s.drafted <= nodes for s in fast.steps)
+
+
+def test_static_cycles_at_batch_equal_ar_per_request():
+    from test_fast_deep_drafters import DRAFT
+
+    from specpilot.engine.fast import FastDecoder
+
+    tgt, d = echo_pair("hybrid", "block_markov")
+    tl = TwoLevel(tgt, 12, 4, round_bf16=True)
+    prompts = [PROMPT, [7, 7, 2], PROMPT[::-1], [11, 3, 5, 8, 13, 2], [4]]
+    limits = [30, 12, 25, 1, 18]
+    dec = FastDecoder(tgt, d, DRAFT, None, max_len=256, graphs=False, compile=False, lanes=3, tlv=tl)
+    res = dec.generate_batch(prompts, limits, eos=set())
+    for p, n, r in zip(prompts, limits, res):
+        assert r.tokens == generate(tgt, p, n, eos=set(), driver="eager").tokens
+    assert max(s.tau for r in res for s in r.steps) > 4 + 2
