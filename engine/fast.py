@@ -404,8 +404,9 @@ class FastDecoder:
             self.positions.copy_(draft_lengths.pick(self.options, self.recent, sure))
             tok, logp = draft_lengths.clip(tok, logp, self.positions)
         trans = self.lat[2] if transitions else None
-        if self.spec.kind == "shared":
-            return treeops.build_shared(self.spec, self.root, tok, logp, trans, self.active)
+        if self.spec.kind == "shared":  # a lane feeding a prompt (its rows the prompt's) gives its share away
+            drafting = self.active * (self.feed_len <= self.fed) if self.admit_steps else None
+            return treeops.build_shared(self.spec, self.root, tok, logp, trans, self.active, drafting)
         return treeops.build_lanes(self.spec, self.root, tok, logp, trans, self.tables)
 
     def _two_level(self, transitions: bool) -> treeops.TreeRows:

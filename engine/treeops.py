@@ -274,13 +274,15 @@ def share(top: torch.Tensor, budget: torch.Tensor) -> torch.Tensor:
 
 
 def build_shared(spec: TreeSpec, roots: torch.Tensor, tokens: torch.Tensor, logp: torch.Tensor,
-                 trans: torch.Tensor | None, active: torch.Tensor) -> TreeRows:
+                 trans: torch.Tensor | None, active: torch.Tensor, drafting: torch.Tensor | None = None) -> TreeRows:
     """A shared node budget over a batch's lattices (tokens, logp [B, m, k], trans [B, m-1, k, k]
     or None; roots, active [B]): the spec.share · (active lanes) nodes of highest path score over
-    every active lane's lattice, at most spec.nodes of one lane (trees.shared_best_first). Every
-    lane gets spec.rows rows; those outside its share (and an idle lane's) are invalid."""
+    the lattices of the lanes `drafting` [B] (default: the active ones), at most spec.nodes of one
+    lane (trees.shared_best_first). Every lane gets spec.rows rows; those outside its share (and
+    the rows of a lane that drafts nothing) are invalid."""
     pool, top, sel = _ranked(spec, tokens, logp, trans)
-    top = top.masked_fill(active[:, None] == 0, NEG)  # an idle lane takes no share
+    drafting = active if drafting is None else drafting
+    top = top.masked_fill(drafting[:, None] == 0, NEG)  # an idle lane (or one feeding a prompt) takes no share
     taken = share(top, active.sum() * spec.share) & (top > NEG)
     return _pick(roots, tokens, pool, sel, taken)
 

@@ -168,8 +168,8 @@ MUTATIONS = [
         "batch-share-idle-lane",
         "(e) batched: idle lanes take shares of the budget",
         "engine/treeops.py",
-        "top = top.masked_fill(active[:, None] == 0, NEG)  # an idle lane takes no share",
-        "top = top  # an idle lane takes no share",
+        "top = top.masked_fill(drafting[:, None] == 0, NEG)",
+        "top = top",
         tuple(ROWS), engine=False),
     Mutation(
         "batch-shared-root",
@@ -233,6 +233,13 @@ MUTATIONS = [
         "engine/fast.py",
         "drafting = self.active if not self.admit_steps else self.active * ~feeding",
         "drafting = self.active",
+        tuple(BATCH), engine=False),
+    Mutation(
+        "admit-share",
+        "(e) batched: a lane feeding a prompt competes for the shared budget with its stale lattice",
+        "engine/fast.py",
+        "drafting = self.active * (self.feed_len <= self.fed) if self.admit_steps else None",
+        "drafting = None",
         tuple(BATCH), engine=False),
     Mutation(
         "prefill-padding-state",

@@ -457,3 +457,20 @@ def test_engine_admits_prompts_into_verify_steps(zoo_target):
             EngineConfig(target=zoo_target, mode="ar", admit_steps=bad).validate()
     with pytest.raises(ValueError, match="driver 'eager' cannot run it"):
         EngineConfig(target=zoo_target, mode="ar", admit_steps=2, driver="eager").validate()
+
+
+def test_a_lane_feeding_a_prompt_gives_its_share_of_a_shared_budget_to_the_drafting_lanes():
+    """shared:2:8 over two lanes: 4 nodes in all. Lane 1's lattice is sure (one candidate a
+    position), lane 0's flat: drafting, lane 1 takes the 4; feeding a prompt (its rows the
+    prompt's), its stale lattice takes none and lane 0 gets them."""
+    dec = FastDecoder(target("llama"), PerRequestOracle("llama", 0.0, 1), 6, make_policy("shared:2:8", None),
+                      max_len=128, graphs=False, lanes=2, admit_steps=2)
+    tok, logp, _ = dec.lat
+    tok.copy_(torch.arange(tok.shape[-1]).expand_as(tok))
+    logp.zero_()
+    logp[1, :, 1:] = -30.0
+    dec.active.fill_(1)
+    nodes = lambda rows: (rows.valid.sum(1) - 1).tolist()  # noqa: E731
+    assert nodes(dec._build_tree(False)) == [0, 4]
+    dec.feed_len[1], dec.fed[1] = 5, 0  # lane 1 feeds a prompt of 5 tokens
+    assert nodes(dec._build_tree(False)) == [4, 0]
