@@ -327,3 +327,23 @@ def test_static_cycles_at_batch_equal_ar_per_request():
     for p, n, r in zip(prompts, limits, res):
         assert r.tokens == generate(tgt, p, n, eos=set(), driver="eager").tokens
     assert max(s.tau for r in res for s in r.steps) > 4 + 2
+
+
+def test_the_static_cycle_with_a_draft_lm_equals_the_eager_one_and_ar():
+    """A standalone draft LM (the echo target, slightly perturbed): its static cache forgets C
+    (`mark` / `rewind` of its lengths) as the eager one truncates."""
+    from test_fast_deep_drafters import DRAFT
+
+    from specpilot.engine.drafters import DraftLM
+    from specpilot.engine.fast import FastDecoder
+    from specpilot.engine.synthetic import perturbed
+
+    tgt, _ = echo_pair("llama", "block")
+    tl = TwoLevel(tgt, 12, 4, round_bf16=True)
+    fast = FastDecoder(tgt, DraftLM(perturbed(tgt, 3, 0.02)), DRAFT, None, max_len=256, graphs=False, compile=False,
+                       tlv=tl).generate(PROMPT, N, eos=set())
+    eager = generate(tgt, PROMPT, N, DraftLM(perturbed(tgt, 3, 0.02)), DRAFT, eos=set(), driver="eager", tlv=tl)
+    assert fast.tokens == eager.tokens == generate(tgt, PROMPT, N, eos=set(), driver="eager").tokens
+    full = untruncated(eager, 12)
+    assert [fast.steps[i].tau for i in full] == [eager.steps[i].tau for i in full]
+    assert max(fast.steps[i].tau for i in full) > 4 + 1, [s.tau for s in fast.steps]  # past tree ①'s depth
