@@ -1,6 +1,7 @@
 """Rounds end to end on the shipped micro pair (a smaller demo): profile → cost model → agents →
 controller verdicts → memory → report; a killed run resumes; a command agent's patch is evaluated."""
 
+import html
 import importlib.util
 import json
 import os
@@ -366,3 +367,18 @@ def test_a_round_at_a_batch_profiles_its_incumbent_at_that_batch(tmp_path):
     assert cm["ceiling"]["rows"] == m["budgets"][0]["rows"] and set(cm["ceiling"]["factors"]) >= {"rows", "tree"}
     assert f"at batch 2, {m['budgets'][0]['rows']:g} rows per step" in cm["table"]
     assert rec["direction"] == cm["direction"]
+
+
+def test_a_round_on_an_h200_deployment_judges_two_level_verification_with_the_cost_models_reason(tmp_path):
+    # the micro pair's deployment named as an H200 one (two CPU cores run it): the memory ports TLV
+    # (it requires W12, whose limits name the Hopper kinds), and the search agent proposes its variants;
+    # each is run or pruned with the cost model's reason, and the report shows which and why
+    dep = load_deployment({**SMALL, "gpu": "h200", "devices": "cpu,cpu", "max_candidates": 1})
+    rec = embedded_round(dep, tmp_path).run(1)["rounds"][0]
+    assert rec["status"] == "done"
+    tlv = [c for c in rec["candidates"] if c["options"].get("mode") == "tlv"]
+    assert {c["name"] for c in tlv} == {"tlv/n16-q6", "tlv/n32-q8", "tlv/n63-q15"}
+    page = html.unescape((tmp_path / "report" / "round-1.html").read_text())
+    for c in tlv:
+        assert c["verdict"] or c["pruned"].startswith("two-level verification: cost model: ")
+        assert (c["pruned"] or c["name"]) in page
